@@ -1,0 +1,28 @@
+# The README's commands. `make demo` installs and runs the main job offline; `make test` runs every check.
+SHELL := /bin/bash
+VENV := .venv
+PY := $(VENV)/bin/python
+export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
+export TF_USE_LEGACY_KERAS := 1
+export TF_CPP_MIN_LOG_LEVEL := 2
+export PATH := $(CURDIR)/$(VENV)/bin:$(CURDIR)/node_modules/.bin:$(PATH)
+
+.PHONY: install synth demo test bench clean
+
+install:
+	bash scripts/install.sh
+
+synth: install
+	cdk synth --quiet --all
+
+demo: synth
+	$(PY) -m training.local_job
+
+test:
+	$(PY) -m pytest
+
+bench:
+	$(PY) bench/run.py
+
+clean:
+	rm -rf cdk.out .pytest_cache

@@ -1,0 +1,66 @@
+"""Shared test fixtures. Tests never reach real AWS: AWS clients talk to a moto server on
+127.0.0.1 with fake credentials (see `aws_env`)."""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+# Before TensorFlow is imported anywhere: tensorpack needs Keras 2.
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
+# No test may find real credentials; fake ones are set per test through `aws_env`.
+for _var in ("AWS_PROFILE", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
+    os.environ.pop(_var, None)
+os.environ["AWS_SHARED_CREDENTIALS_FILE"] = os.devnull
+os.environ["AWS_CONFIG_FILE"] = os.devnull
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def moto_server():
+    """A moto server on 127.0.0.1 for the whole session; yields its endpoint URL."""
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 60
+    while True:
+        try:
+            urllib.request.urlopen(url + "/moto-api/", timeout=1)
+            break
+        except Exception:
+            if proc.poll() is not None or time.time() > deadline:
+                proc.kill()
+                raise RuntimeError("moto server did not start")
+            time.sleep(0.2)
+    yield url
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+@pytest.fixture
+def aws_env(moto_server, monkeypatch):
+    """Fake credentials and an endpoint pointing at the moto server; state reset per test."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_server)
+    urllib.request.urlopen(urllib.request.Request(moto_server + "/moto-api/reset", method="POST"))
+    yield moto_server
