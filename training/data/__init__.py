@@ -1,0 +1,1 @@
+"""Datasets: the COCO-format reader, augmentation and the synthetic dataset generator."""
