@@ -1,0 +1,207 @@
+"""The COCO-format reader: an instances JSON plus an image folder, as a list of training records.
+
+Layout under the data directory (DATA.BASEDIR)::
+
+    BASEDIR/annotations/instances_<name>.json
+    BASEDIR/<name>/<file_name>                 (file_name as listed in the JSON's "images")
+
+A split name resolves to files in this order (the first whose annotation file exists wins):
+
+1. the name as given: ``train2017`` -> ``annotations/instances_train2017.json`` and ``train2017/``;
+2. without a ``coco_`` prefix: ``coco_train2017`` -> ``annotations/instances_train2017.json`` and
+   ``train2017/`` (the spelling seed 002's hyperparameters use).
+
+Each record of :attr:`CocoSplit.roidb` holds ``file_name`` (absolute path), ``image_id``,
+``height``, ``width``, ``boxes`` float32 [N, 4] (x1, y1, x2, y2 in absolute pixels, clipped to the
+image), ``class`` int32 [N] (contiguous 1..C; 0 is background), ``is_crowd`` int8 [N] and
+``segmentation``: per instance either a list of polygons (each a flat [x0, y0, x1, y1, ...] float
+list) or, where the file stores the instance as RLE (crowd regions, occluded synthetic shapes), a
+compressed RLE dict ``{"size": [h, w], "counts": bytes}``. ``training.data.augment`` turns both into
+binary masks. Instances with a degenerate box (no area after clipping) are dropped, and so are
+non-crowd polygon instances with no polygon of at least three points.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from pathlib import Path
+
+import numpy as np
+from pycocotools import mask as mask_utils
+from pycocotools.coco import COCO
+
+log = logging.getLogger(__name__)
+
+COCO_PREFIX = "coco_"
+SHOW_MISSING = 5  # missing images named in an error message
+
+
+class DatasetError(ValueError):
+    """The dataset on disk cannot be used; the message names the file and the expected layout."""
+
+
+def layout_help(basedir: str | os.PathLike) -> str:
+    return (f"expected layout: {basedir}/annotations/instances_<split>.json and images in "
+            f"{basedir}/<split>/ (a split named coco_<split> also resolves to <split>)")
+
+
+def resolve_split(basedir: str | os.PathLike, split: str) -> tuple[Path, Path]:
+    """(annotation file, image directory) for ``split``, trying the names in the documented order."""
+    basedir = Path(basedir).expanduser().resolve()
+    names = [split]
+    if split.startswith(COCO_PREFIX) and len(split) > len(COCO_PREFIX):
+        names.append(split[len(COCO_PREFIX):])
+    tried = []
+    for name in names:
+        ann = basedir / "annotations" / f"instances_{name}.json"
+        if ann.is_file():
+            return ann, basedir / name
+        tried.append(str(ann))
+    if not basedir.is_dir():
+        raise DatasetError(f"data directory {basedir} does not exist; {layout_help(basedir)}")
+    raise DatasetError(f"no annotation file for split {split!r}: tried {', '.join(tried)}; "
+                       f"{layout_help(basedir)}")
+
+
+@dataclasses.dataclass
+class CocoSplit:
+    """One split of a COCO-format dataset, ready for training or evaluation."""
+
+    name: str
+    annotation_file: Path
+    image_dir: Path
+    coco: COCO
+    roidb: list[dict]
+    class_names: list[str]                  # ["BG", category names in category-id order]
+    contiguous_to_coco_id: dict[int, int]   # 1..C -> COCO category id
+    coco_id_to_contiguous: dict[int, int]
+
+    @property
+    def num_classes(self) -> int:
+        """Categories, background excluded."""
+        return len(self.class_names) - 1
+
+    def training_roidb(self) -> list[dict]:
+        """Records with at least one non-crowd instance (the others give no training signal)."""
+        return [r for r in self.roidb if np.any(r["is_crowd"] == 0)]
+
+
+def load_split(basedir: str | os.PathLike, split: str, *, validate: bool = True,
+               require_annotations: bool = True) -> CocoSplit:
+    """Read ``split`` under ``basedir``; every problem is raised here, before any training starts.
+
+    ``validate`` checks that every listed image file exists (one ``os.path.isfile`` per image);
+    without it only the image directory and the first image are checked.
+    ``require_annotations`` rejects a split without a single usable instance (a training split).
+    """
+    ann_file, image_dir = resolve_split(basedir, split)
+    try:
+        coco = _load_coco(ann_file)
+    except (ValueError, KeyError, TypeError, AssertionError) as err:
+        raise DatasetError(f"{ann_file} is not a COCO instances file: {err}") from err
+    image_ids = sorted(coco.getImgIds())
+    if not image_ids:
+        raise DatasetError(f"{ann_file} lists no images; {layout_help(basedir)}")
+    if not coco.getCatIds():
+        raise DatasetError(f"{ann_file} lists no categories")
+    if not image_dir.is_dir():
+        raise DatasetError(f"image directory {image_dir} for split {split!r} does not exist; "
+                           f"{layout_help(basedir)}")
+    images = coco.loadImgs(image_ids)
+    to_check = images if validate else images[:1]
+    missing = [img["file_name"] for img in to_check if not os.path.isfile(image_dir / img["file_name"])]
+    if missing:
+        shown = ", ".join(missing[:SHOW_MISSING]) + (" ..." if len(missing) > SHOW_MISSING else "")
+        raise DatasetError(f"{len(missing)} image(s) listed in {ann_file} are missing from {image_dir}: "
+                           f"{shown}")
+
+    cat_ids = sorted(coco.getCatIds())
+    coco_id_to_contiguous = {cid: i + 1 for i, cid in enumerate(cat_ids)}
+    contiguous_to_coco_id = {v: k for k, v in coco_id_to_contiguous.items()}
+    class_names = ["BG"] + [coco.cats[cid]["name"] for cid in cat_ids]
+
+    roidb, dropped = [], 0
+    for img in images:
+        anns = coco.imgToAnns.get(img["id"], [])
+        record, n_dropped = _record(img, anns, image_dir, coco_id_to_contiguous)
+        roidb.append(record)
+        dropped += n_dropped
+    if dropped:
+        log.warning("%s: dropped %d instance(s) with an empty box or no valid polygon", ann_file, dropped)
+    if require_annotations and not any(np.any(r["is_crowd"] == 0) for r in roidb):
+        raise DatasetError(f"{ann_file} has {len(roidb)} images but no usable (non-crowd, non-empty) "
+                           f"annotations: nothing to train on")
+    return CocoSplit(split, ann_file, image_dir, coco, roidb, class_names,
+                     contiguous_to_coco_id, coco_id_to_contiguous)
+
+
+def load_splits(basedir: str | os.PathLike, splits, **kwargs) -> list[CocoSplit]:
+    """Several splits (DATA.TRAIN is a list); they must share their categories."""
+    if isinstance(splits, str):
+        splits = [splits]
+    loaded = [load_split(basedir, s, **kwargs) for s in splits]
+    if not loaded:
+        raise DatasetError("no split given")
+    for other in loaded[1:]:
+        if other.class_names != loaded[0].class_names:
+            raise DatasetError(f"splits {loaded[0].name!r} and {other.name!r} have different categories: "
+                               f"{loaded[0].class_names[1:]} vs {other.class_names[1:]}")
+    return loaded
+
+
+def _load_coco(ann_file: Path) -> COCO:
+    # pycocotools prints progress to stdout; the trainer's log needs no such noise per split.
+    import contextlib
+    import io
+    with contextlib.redirect_stdout(io.StringIO()):
+        return COCO(str(ann_file))
+
+
+def _record(img: dict, anns: list[dict], image_dir: Path, cat_map: dict[int, int]) -> tuple[dict, int]:
+    height, width = int(img["height"]), int(img["width"])
+    boxes, classes, crowd, segms = [], [], [], []
+    dropped = 0
+    for ann in anns:
+        if ann.get("ignore", 0):
+            continue
+        x, y, w, h = (float(v) for v in ann["bbox"])
+        x1, y1 = max(x, 0.0), max(y, 0.0)
+        x2, y2 = min(x + w, float(width)), min(y + h, float(height))
+        if x2 - x1 <= 0 or y2 - y1 <= 0 or ann.get("area", 1) <= 0:
+            dropped += 1
+            continue
+        is_crowd = int(ann.get("iscrowd", 0))
+        seg = _segmentation(ann.get("segmentation"), height, width)
+        if seg is None and not is_crowd:
+            dropped += 1
+            continue
+        boxes.append([x1, y1, x2, y2])
+        classes.append(cat_map[ann["category_id"]])
+        crowd.append(is_crowd)
+        segms.append(seg if seg is not None else [])
+    record = {
+        "file_name": str(image_dir / img["file_name"]),
+        "image_id": img["id"],
+        "height": height,
+        "width": width,
+        "boxes": np.asarray(boxes, np.float32).reshape(-1, 4),
+        "class": np.asarray(classes, np.int32),
+        "is_crowd": np.asarray(crowd, np.int8),
+        "segmentation": segms,
+    }
+    return record, dropped
+
+
+def _segmentation(seg, height: int, width: int):
+    """Polygons (>= 3 points each) or a compressed RLE dict; None when nothing usable is left."""
+    if isinstance(seg, dict):  # RLE; uncompressed counts (a list) are compressed here
+        if isinstance(seg.get("counts"), list):
+            seg = mask_utils.frPyObjects(seg, height, width)
+        counts = seg["counts"]
+        return {"size": [int(v) for v in seg["size"]],
+                "counts": counts.encode("ascii") if isinstance(counts, str) else counts}
+    if isinstance(seg, list):
+        polygons = [[float(v) for v in p] for p in seg if len(p) >= 6 and len(p) % 2 == 0]
+        return polygons or None
+    return None
