@@ -1,0 +1,56 @@
+"""AWS session, credential check and CloudFormation stack outputs, shared by every launcher.
+
+Output names come from infra/outputs.py (the stacks write them, the launchers read them); errors
+name the stack, the output and what to do, before any job or upload is started.
+"""
+from __future__ import annotations
+
+import boto3
+from botocore.exceptions import ClientError, NoRegionError
+
+
+class LaunchError(RuntimeError):
+    """A user-facing problem: the message says what is wrong and how to fix it."""
+
+
+def make_session(region: str | None = None, profile: str | None = None) -> boto3.session.Session:
+    """A boto3 session with credentials and a region, or a :class:`LaunchError` saying how to set them."""
+    session = boto3.session.Session(region_name=region, profile_name=profile)
+    if session.get_credentials() is None:
+        raise LaunchError(
+            "no AWS credentials found: configure them with `aws configure` or `aws sso login`, "
+            "set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, or run where an IAM role is attached "
+            "(notebook instance, EC2 instance profile)")
+    if not session.region_name:
+        raise LaunchError("no AWS region set: pass --region, or set AWS_REGION / AWS_DEFAULT_REGION")
+    return session
+
+
+def stack_outputs(session: boto3.session.Session, stack_name: str) -> dict[str, str]:
+    """``{OutputKey: OutputValue}`` of a deployed stack."""
+    cfn = session.client("cloudformation")
+    try:
+        stacks = cfn.describe_stacks(StackName=stack_name)["Stacks"]
+    except ClientError as err:
+        if "does not exist" in str(err):
+            raise LaunchError(
+                f"stack {stack_name!r} does not exist in {session.region_name}: deploy it with "
+                f"`cdk deploy {stack_name}` or pass the right --stack/--region") from None
+        raise
+    except NoRegionError:
+        raise LaunchError("no AWS region set: pass --region, or set AWS_REGION") from None
+    stack = stacks[0]
+    if stack["StackStatus"].endswith("_FAILED") or stack["StackStatus"].startswith("DELETE"):
+        raise LaunchError(f"stack {stack_name!r} is in state {stack['StackStatus']}: "
+                          f"fix or redeploy it with `cdk deploy {stack_name}`")
+    return {o["OutputKey"]: o["OutputValue"] for o in stack.get("Outputs", [])}
+
+
+def require_output(outputs: dict[str, str], name: str, stack_name: str) -> str:
+    """The value of output ``name``; a clear error when the deployed stack lacks it."""
+    value = outputs.get(name)
+    if not value:
+        raise LaunchError(
+            f"stack {stack_name!r} has no output {name!r} (it has: {', '.join(sorted(outputs)) or 'none'}); "
+            f"it was probably deployed from an older version of this app: run `cdk deploy {stack_name}`")
+    return value

@@ -1,0 +1,132 @@
+"""The one place that states how a multi-node Horovod job is started: mpirun flags, the NCCL/EFA and
+Horovod environment, and the training command. The EC2 cluster run (launch/cluster/run.py) uses
+:func:`mpirun_command`; the SageMaker entry passes :func:`horovod_env` on to its MPI runner.
+
+Why these flags (see REFERENCE.md, known problems 1, 2 and 8):
+- ``-bind-to none -map-by slot``: one rank per GPU slot, no CPU pinning (the data loader's threads
+  need all cores of a node).
+- ``-mca pml ob1 -mca btl ^openib`` and excluding ``lo``/``docker0`` for both MPI's TCP transport
+  and NCCL's socket interface: with ``--network host`` the container sees docker0, and MPI or NCCL
+  picking it (or lo) is the classic cause of a job that hangs at the first allreduce.
+- ``orte_abort_on_non_zero_status``: one failed rank ends the whole job (so the run can resume)
+  instead of leaving the others blocked in a collective.
+- Horovod's stall shutdown: a rank stalled for this long aborts the job rather than hanging it.
+- ``-x FI_PROVIDER=efa`` on EFA instances routes NCCL through the EFA libfabric provider.
+"""
+from __future__ import annotations
+
+import shlex
+import sys
+from dataclasses import dataclass
+
+DEFAULT_SSH_PORT = 2222
+DEFAULT_SSH_KEY = "/etc/maskrcnn/ssh/id_ed25519"
+EXCLUDED_INTERFACES = ("lo", "docker0")
+
+# Horovod tensor fusion: the values the seed's cluster used for Mask R-CNN (REFERENCE.md).
+HOROVOD_ENV = {
+    "HOROVOD_CYCLE_TIME": "0.5",
+    "HOROVOD_FUSION_THRESHOLD": "67108864",
+    # Warn after 60 s of a rank missing a collective, abort after 30 min (default: hang forever).
+    "HOROVOD_STALL_CHECK_TIME_SECONDS": "60",
+    "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "1800",
+}
+
+# Variables every rank needs from the launching shell.
+PASSED_THROUGH = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "TF_USE_LEGACY_KERAS", "TF_CPP_MIN_LOG_LEVEL")
+
+
+@dataclass(frozen=True)
+class Node:
+    """One host of the job and how many ranks it runs (its GPU count; 1 on a CPU node)."""
+    address: str
+    slots: int
+
+    def __post_init__(self):
+        if self.slots < 1:
+            raise ValueError(f"node {self.address} has {self.slots} slots; every node needs at least 1")
+
+
+def nccl_env(*, efa: bool) -> dict[str, str]:
+    env = {
+        "NCCL_SOCKET_IFNAME": "^" + ",".join(reversed(EXCLUDED_INTERFACES)),  # ^docker0,lo
+        "NCCL_DEBUG": "WARN",
+    }
+    if efa:
+        env["FI_PROVIDER"] = "efa"
+        env["FI_EFA_USE_DEVICE_RDMA"] = "1"
+    return env
+
+
+def horovod_env(*, efa: bool) -> dict[str, str]:
+    """Environment every rank gets: NCCL/EFA interface choice plus Horovod tuning."""
+    return {**nccl_env(efa=efa), **HOROVOD_ENV}
+
+
+def hostfile_text(nodes: list[Node]) -> str:
+    """OpenMPI hostfile: ``<address> slots=<n>`` per node, master first (it gets rank 0)."""
+    return "".join(f"{n.address} slots={n.slots}\n" for n in nodes)
+
+
+def train_command(*, logdir: str, data_dir: str, overrides: list[str], python: str = "python") -> list[str]:
+    """``python -m training.train`` with the data directory and the user's KEY=VALUE overrides.
+
+    The user's overrides come last, so a DATA.BASEDIR given by the user wins over ``data_dir``.
+    """
+    return [python, "-m", "training.train", "--logdir", logdir,
+            "--config", f"DATA.BASEDIR={data_dir}", *overrides]
+
+
+def ssh_args(*, port: int = DEFAULT_SSH_PORT, key: str = DEFAULT_SSH_KEY) -> str:
+    # Host keys are generated when each node's container starts, so they cannot be pinned ahead;
+    # nodes are reachable only inside the cluster's security group, with the cluster key.
+    return (f"-p {port} -i {key} -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null "
+            f"-o LogLevel=ERROR -o BatchMode=yes")
+
+
+def mpirun_command(nodes: list[Node], *, hostfile: str, train: list[str], efa: bool = False,
+                   ssh_port: int = DEFAULT_SSH_PORT, ssh_key: str = DEFAULT_SSH_KEY) -> list[str]:
+    """The full ``mpirun`` argv for ``nodes`` (whose hostfile is at ``hostfile``)."""
+    if not nodes:
+        raise ValueError("no nodes to run on")
+    excluded = ",".join(EXCLUDED_INTERFACES)
+    cmd = [
+        "mpirun", "--allow-run-as-root",
+        "-np", str(sum(n.slots for n in nodes)),
+        "--hostfile", hostfile,
+        "-bind-to", "none", "-map-by", "slot",
+        "-mca", "pml", "ob1",
+        "-mca", "btl", "^openib",
+        "-mca", "btl_tcp_if_exclude", excluded,
+        "-mca", "oob_tcp_if_exclude", excluded,
+        "-mca", "plm_rsh_args", ssh_args(port=ssh_port, key=ssh_key),
+        "-mca", "orte_abort_on_non_zero_status", "1",
+        "--tag-output",
+    ]
+    for key, value in horovod_env(efa=efa).items():
+        cmd += ["-x", f"{key}={value}"]
+    for key in PASSED_THROUGH:
+        cmd += ["-x", key]
+    return cmd + train
+
+
+def format_command(argv: list[str]) -> str:
+    return " ".join(shlex.quote(a) for a in argv)
+
+
+if __name__ == "__main__":  # print the command for a hand-written hostfile: python -m launch.cluster.launch_command
+    import argparse
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--hostfile", required=True)
+    p.add_argument("--logdir", required=True)
+    p.add_argument("--data-dir", default="/efs/data/coco")
+    p.add_argument("--efa", action="store_true")
+    p.add_argument("overrides", nargs="*")
+    a = p.parse_args()
+    with open(a.hostfile) as f:
+        parsed = [line.split() for line in f if line.strip() and not line.startswith("#")]
+    ns = [Node(parts[0], int(parts[1].split("=")[1]) if len(parts) > 1 else 1) for parts in parsed]
+    print(format_command(mpirun_command(ns, hostfile=a.hostfile, efa=a.efa, train=train_command(
+        logdir=a.logdir, data_dir=a.data_dir, overrides=a.overrides))))
+    sys.exit(0)
