@@ -1,0 +1,148 @@
+"""COCO evaluation: perfect predictions score 1.0, worse ones less, and ranks' lists gather."""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from training import evaluation, metrics
+from training.data import coco, synthetic
+
+
+@pytest.fixture(scope="module")
+def val_split(tmp_path_factory):
+    out = tmp_path_factory.mktemp("shapes")
+    synthetic.generate(out, synthetic.SyntheticSpec(train=1, val=6, size=96, min_object_size=12,
+                                                    max_object_size=48, seed=5))
+    return coco.load_split(out, "val2017")
+
+
+def _ground_truth_as_detections(split, shift=0.0):
+    gt = split.coco
+    detections = []
+    for image_id in gt.getImgIds():
+        anns = gt.loadAnns(gt.getAnnIds(imgIds=image_id))
+        boxes = np.array([[a["bbox"][0] + shift, a["bbox"][1], a["bbox"][0] + a["bbox"][2] + shift,
+                           a["bbox"][1] + a["bbox"][3]] for a in anns])
+        labels = [split.coco_id_to_contiguous[a["category_id"]] for a in anns]
+        masks = np.stack([gt.annToMask(a) for a in anns])
+        detections += evaluation.detections_to_coco(image_id, boxes, np.ones(len(anns)), labels, masks,
+                                                    split.contiguous_to_coco_id)
+    return detections
+
+
+def test_perfect_predictions_score_one(val_split):
+    results = evaluation.evaluate(val_split.coco, _ground_truth_as_detections(val_split))
+    assert set(results) == set(metrics.EVALUATION_METRICS)
+    for iou_type in ("bbox", "segm"):
+        for suffix in ("IoU=0.5:0.95", "IoU=0.5", "IoU=0.75", "small", "medium"):
+            assert results[f"mAP({iou_type})/{suffix}"] == pytest.approx(1.0), suffix
+        assert results[f"mAP({iou_type})/large"] == -1.0  # no shape reaches 96x96 px of area
+
+
+def test_shifted_boxes_score_lower(val_split):
+    results = evaluation.evaluate(val_split, _ground_truth_as_detections(val_split, shift=6.0), ("bbox",))
+    assert set(results) == {m for m in metrics.EVALUATION_METRICS if "bbox" in m}
+    assert results["mAP(bbox)/IoU=0.5:0.95"] < 0.7
+    assert results["mAP(bbox)/IoU=0.75"] < results["mAP(bbox)/IoU=0.5"] <= 1.0
+
+
+def test_no_detections_gives_zeros(val_split):
+    results = evaluation.evaluate(val_split.coco, [])
+    assert results == {name: 0.0 for name in metrics.EVALUATION_METRICS}
+
+
+def test_annotation_file_and_image_subset(val_split):
+    detections = [d for d in _ground_truth_as_detections(val_split) if d["image_id"] <= 3]
+    subset = evaluation.evaluate(str(val_split.annotation_file), detections, ("segm",), image_ids=[1, 2, 3])
+    assert subset["mAP(segm)/IoU=0.5"] == pytest.approx(1.0)
+    whole = evaluation.evaluate(val_split.coco, detections, ("segm",))
+    assert whole["mAP(segm)/IoU=0.5"] < 1.0  # images 4..6 count as missed
+
+
+def test_bad_inputs(val_split):
+    detections = _ground_truth_as_detections(val_split)
+    with pytest.raises(ValueError, match="not in the ground truth"):
+        evaluation.evaluate(val_split.coco, [dict(detections[0], image_id=999)])
+    no_masks = [{k: v for k, v in d.items() if k != "segmentation"} for d in detections]
+    with pytest.raises(ValueError, match="iou_types=\\('bbox',\\)"):
+        evaluation.evaluate(val_split.coco, no_masks)
+    assert evaluation.evaluate(val_split.coco, no_masks, ("bbox",))["mAP(bbox)/IoU=0.5"] == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="no COCO category"):
+        evaluation.detections_to_coco(1, [[0, 0, 1, 1]], [1.0], [7], None, val_split.contiguous_to_coco_id)
+
+
+def test_detections_to_coco_format():
+    masks = np.zeros((1, 10, 12), np.uint8)
+    masks[0, 2:5, 3:9] = 1
+    (result,) = evaluation.detections_to_coco(4, np.array([[3, 2, 9, 5]], np.float32), [0.9], [2], masks,
+                                              {1: 11, 2: 17})
+    assert result["image_id"] == 4 and result["category_id"] == 17 and result["score"] == 0.9
+    assert result["bbox"] == [3.0, 2.0, 6.0, 3.0]
+    assert result["segmentation"]["size"] == [10, 12] and isinstance(result["segmentation"]["counts"], str)
+    from pycocotools import mask as mask_utils
+    decoded = mask_utils.decode(dict(result["segmentation"], counts=result["segmentation"]["counts"].encode()))
+    np.testing.assert_array_equal(decoded, masks[0])
+    assert evaluation.detections_to_coco(4, np.zeros((0, 4)), [], [], np.zeros((0, 10, 12)), {1: 1}) == []
+
+
+def test_metric_lines_and_table(val_split):
+    results = evaluation.evaluate(val_split.coco, _ground_truth_as_detections(val_split))
+    lines = evaluation.metric_lines(results)
+    assert len(lines) == 12
+    for line, (name, value) in zip(lines, results.items()):
+        assert float(re.match(metrics.metric_regex(name), line).group(1)) == pytest.approx(value)
+    table = evaluation.format_table(results)
+    assert table.splitlines()[0].split() == ["mAP", "IoU=0.5:0.95", "IoU=0.5", "IoU=0.75", "small", "medium",
+                                             "large"]
+    assert table.splitlines()[2].split() == ["bbox", "1.0000", "1.0000", "1.0000", "1.0000", "1.0000", "-"]
+    assert evaluation.format_table({}) == "no evaluation results"
+
+
+def test_gather_without_horovod_returns_the_list():
+    local = [{"image_id": 1}]
+    assert evaluation.gather_detections(local) is local
+
+
+GATHER_SCRIPT = textwrap.dedent("""
+    import json, sys
+    import tensorflow as tf
+    import horovod.tensorflow as hvd
+    from training.evaluation import gather_detections
+    hvd.init()
+    rank = hvd.rank()
+    local = [{"image_id": rank * 10 + i, "rank": rank} for i in range(rank + 2)]
+    eager = gather_detections(local)
+    everywhere = gather_detections(local, root_only=False)
+    with tf.Graph().as_default():   # as inside tensorpack's finalized training graph
+        graph = gather_detections(local)
+    print("RESULT", rank, json.dumps([eager, everywhere, graph]), flush=True)
+""")
+
+
+@pytest.mark.slow
+def test_gather_across_two_horovod_processes(tmp_path):
+    horovodrun = shutil.which("horovodrun", path=os.path.dirname(sys.executable))
+    assert horovodrun, "horovodrun is missing next to the interpreter: run `make install`"
+    script = tmp_path / "gather.py"
+    script.write_text(GATHER_SCRIPT)
+    env = dict(os.environ, PYTHONPATH=os.getcwd(), TF_CPP_MIN_LOG_LEVEL="2")
+    proc = subprocess.run([horovodrun, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, str(script)],
+                          capture_output=True, text=True, timeout=240, env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    import json
+    results = {}
+    for line in proc.stdout.splitlines():
+        if "RESULT" in line:
+            _, rank, payload = line.split("RESULT", 1)[1].split(" ", 2)
+            results[int(rank)] = json.loads(payload)
+    expected = [{"image_id": 0, "rank": 0}, {"image_id": 1, "rank": 0},
+                {"image_id": 10, "rank": 1}, {"image_id": 11, "rank": 1}, {"image_id": 12, "rank": 1}]
+    assert results[0] == [expected, expected, expected]
+    assert results[1] == [[], expected, []]

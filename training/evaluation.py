@@ -1,0 +1,188 @@
+"""COCO evaluation in one place: detections to COCO results, COCOeval, gathering across ranks.
+
+Every rank predicts on its share of the validation images and turns its outputs into COCO result
+dicts (:func:`detections_to_coco`); :func:`gather_detections` brings them to rank 0 through Horovod
+(no shared file system needed); rank 0 runs :func:`evaluate` and logs :func:`metric_lines` (the
+lines SageMaker's metric regexes read) and :func:`format_table`.
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import io
+import logging
+import os
+from typing import Iterable, Mapping, Sequence
+
+import numpy as np
+from pycocotools import mask as mask_utils
+from pycocotools.coco import COCO
+from pycocotools.cocoeval import COCOeval
+
+from training.metrics import COCO_STAT_SUFFIXES, IOU_TYPES, format_metric, map_metric_name
+
+log = logging.getLogger(__name__)
+
+GATHER_NAME = "gather_detections"
+
+
+def detections_to_coco(image_id: int, boxes: np.ndarray, scores: np.ndarray, labels: np.ndarray,
+                       masks: np.ndarray | None, contiguous_to_coco_id: Mapping[int, int]) -> list[dict]:
+    """COCO result dicts for one image.
+
+    ``boxes`` [N, 4] are x1, y1, x2, y2 in the original image's pixels; ``labels`` [N] contiguous
+    class ids 1..C; ``masks`` None or [N, H, W] binary masks at the original image's resolution.
+    Values are plain Python types (JSON- and pickle-friendly); RLE counts are str.
+    """
+    boxes = np.asarray(boxes, np.float64).reshape(-1, 4)
+    scores = np.asarray(scores, np.float64).reshape(-1)
+    labels = np.asarray(labels).reshape(-1)
+    if not len(boxes) == len(scores) == len(labels):
+        raise ValueError(f"boxes, scores and labels differ in length: {len(boxes)}, {len(scores)}, {len(labels)}")
+    rles = None
+    if masks is not None:
+        masks = np.asarray(masks)
+        if masks.ndim != 3 or len(masks) != len(boxes):
+            raise ValueError(f"masks must be [N, H, W] with N={len(boxes)}, got shape {masks.shape}")
+        if len(masks):
+            rles = mask_utils.encode(np.asfortranarray(np.moveaxis(masks > 0, 0, -1).astype(np.uint8)))
+    results = []
+    for i, ((x1, y1, x2, y2), score, label) in enumerate(zip(boxes, scores, labels)):
+        label = int(label)
+        if label not in contiguous_to_coco_id:
+            raise ValueError(f"label {label} has no COCO category (known: {sorted(contiguous_to_coco_id)})")
+        result = {
+            "image_id": int(image_id),
+            "category_id": int(contiguous_to_coco_id[label]),
+            "bbox": [round(float(x1), 3), round(float(y1), 3),
+                     round(float(x2 - x1), 3), round(float(y2 - y1), 3)],
+            "score": round(float(score), 5),
+        }
+        if rles is not None:
+            result["segmentation"] = {"size": [int(v) for v in rles[i]["size"]],
+                                      "counts": rles[i]["counts"].decode("ascii")}
+        results.append(result)
+    return results
+
+
+def _as_coco(coco_gt) -> COCO:
+    if isinstance(coco_gt, COCO):
+        return coco_gt
+    if hasattr(coco_gt, "coco") and isinstance(coco_gt.coco, COCO):  # a training.data.coco.CocoSplit
+        return coco_gt.coco
+    if isinstance(coco_gt, (str, os.PathLike)):
+        with contextlib.redirect_stdout(io.StringIO()):
+            return COCO(str(coco_gt))
+    raise TypeError(f"expected a pycocotools COCO, a CocoSplit or an annotation file, got {type(coco_gt).__name__}")
+
+
+def empty_results(iou_types: Iterable[str] = IOU_TYPES) -> dict[str, float]:
+    return {map_metric_name(t, s): 0.0 for t in iou_types for s in COCO_STAT_SUFFIXES}
+
+
+def evaluate(coco_gt, detections: Sequence[dict], iou_types: Sequence[str] = IOU_TYPES,
+             image_ids: Sequence[int] | None = None) -> dict[str, float]:
+    """COCOeval for each IoU type; returns {"mAP(bbox)/IoU=0.5:0.95": ..., "mAP(segm)/small": ...}.
+
+    ``coco_gt`` is the ground truth (pycocotools COCO, CocoSplit or annotation file). ``image_ids``
+    restricts evaluation to the images that were predicted (default: all images of the split).
+    No detections at all gives 0.0 everywhere. As in COCOeval, -1.0 means the ground truth has no
+    object in that size range (small < 32^2 px area <= medium < 96^2 <= large).
+    """
+    for iou_type in iou_types:
+        if iou_type not in IOU_TYPES:
+            raise ValueError(f"iou_type {iou_type!r} is not one of {IOU_TYPES}")
+    if not detections:
+        return empty_results(iou_types)
+    if "segm" in iou_types and any("segmentation" not in d for d in detections):
+        raise ValueError("segm evaluation needs a 'segmentation' in every detection; "
+                         "evaluate with iou_types=('bbox',) for a model without masks")
+    gt = _as_coco(coco_gt)
+    unknown = {d["image_id"] for d in detections} - set(gt.getImgIds())
+    if unknown:
+        raise ValueError(f"detections for image ids not in the ground truth: {sorted(unknown)[:5]}")
+    results = {}
+    with contextlib.redirect_stdout(io.StringIO()) as printed:
+        # loadRes adds ids and areas to the dicts it gets: give it copies.
+        dt = gt.loadRes(copy.deepcopy(list(detections)))
+        for iou_type in iou_types:
+            coco_eval = COCOeval(gt, dt, iou_type)
+            if image_ids is not None:
+                coco_eval.params.imgIds = sorted(int(i) for i in image_ids)
+            coco_eval.evaluate()
+            coco_eval.accumulate()
+            coco_eval.summarize()
+            for suffix, value in zip(COCO_STAT_SUFFIXES, coco_eval.stats[:len(COCO_STAT_SUFFIXES)]):
+                results[map_metric_name(iou_type, suffix)] = float(value)
+    log.debug("COCOeval output:\n%s", printed.getvalue())
+    return results
+
+
+def metric_lines(results: Mapping[str, float]) -> list[str]:
+    """The log lines (one per metric) that the SageMaker metric definitions capture."""
+    return [format_metric(name, value) for name, value in results.items()]
+
+
+def format_table(results: Mapping[str, float]) -> str:
+    """The end-of-job mAP table; "-" where COCOeval had no ground truth in that size range."""
+    headers = ("mAP", "IoU=0.5:0.95", "IoU=0.5", "IoU=0.75", "small", "medium", "large")
+    rows = []
+    for iou_type in IOU_TYPES:
+        names = [map_metric_name(iou_type, s) for s in COCO_STAT_SUFFIXES]
+        if not any(n in results for n in names):
+            continue
+        cells = []
+        for name in names:
+            value = results.get(name)
+            cells.append("-" if value is None or value < 0 else f"{value:.4f}")
+        rows.append((iou_type,) + tuple(cells))
+    if not rows:
+        return "no evaluation results"
+    widths = [max(len(r[i]) for r in [headers] + rows) for i in range(len(headers))]
+    lines = ["  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths)))
+             for row in [headers] + rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def _horovod():
+    """horovod.tensorflow when it is initialised with more than one process, else None."""
+    try:
+        import horovod.tensorflow as hvd
+    except ImportError:
+        return None
+    try:
+        if not hvd.is_initialized() or hvd.size() == 1:
+            return None
+    except ValueError:  # older Horovod raises instead of answering is_initialized
+        return None
+    return hvd
+
+
+def gather_detections(local: list, root_only: bool = True) -> list:
+    """Concatenate every rank's ``local`` list, in rank order, through Horovod (no shared files).
+
+    Rank 0 gets the whole list; other ranks get [] (``root_only``) or the whole list as well.
+    Without Horovod, or with a single process, ``local`` comes back unchanged. Every rank must
+    call this (it is a collective operation).
+    """
+    hvd = _horovod()
+    if hvd is None:
+        return local
+    import tensorflow as tf
+
+    with tf.init_scope():
+        eager = tf.executing_eagerly()
+    if eager:
+        with tf.init_scope():
+            per_rank = hvd.allgather_object(local, name=GATHER_NAME)
+    else:
+        # Graph mode (tensorpack's finalized training graph): build the collective in a graph of
+        # its own, on the CPU, and run it in a short-lived session.
+        with tf.Graph().as_default() as graph, tf.device("/cpu:0"):
+            config = tf.compat.v1.ConfigProto(allow_soft_placement=True)
+            with tf.compat.v1.Session(graph=graph, config=config) as session:
+                per_rank = hvd.allgather_object(local, session=session, name=GATHER_NAME)
+    if root_only and hvd.rank() != 0:
+        return []
+    return [item for part in per_rank for item in part]
