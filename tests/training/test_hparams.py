@@ -146,3 +146,10 @@ def test_resolve_data_file(tmp_path):
     assert hparams.resolve_data_file("weights/r50.npz", tmp_path) == str(tmp_path / "weights/r50.npz")
     assert hparams.resolve_data_file("/abs/model.npz", "/data") == "/abs/model.npz"
     assert hparams.resolve_data_file("", "/data") == ""
+
+
+def test_docs_table_lists_every_hyperparameter():
+    from pathlib import Path
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "data.md").read_text()
+    for spec in hparams.HYPERPARAMETERS.values():
+        assert f"| `{spec.name}` | `{spec.key}` |" in doc, spec.name
