@@ -158,6 +158,8 @@ _C.DATA.NUM_WORKERS = 2       # decode/augment threads per rank (threads, never 
 _C.BACKBONE.WEIGHTS = ""      # .npz with ImageNet-R50-AlignPadding.npz variable names; "" = from scratch
 _C.BACKBONE.RESNET_NUM_BLOCKS = [3, 4, 6, 3]   # resnet50; resnet101 = [3, 4, 23, 3]
 _C.BACKBONE.WIDTH = 64        # channels of the stem; 64 is standard ResNet, smaller for CPU runs
+_C.BACKBONE.BLOCK = "bottleneck"  # bottleneck (ResNet-50/101) or basic (two 3x3 convs; tiny CPU nets)
+_C.BACKBONE.GN_GROUPS = 32    # GroupNorm groups (capped at the channel count for narrow nets)
 _C.BACKBONE.NORM = "FreezeBN" # FreezeBN, SyncBN, GN, None
 _C.BACKBONE.FREEZE_AT = 2     # stages whose weights are frozen (0 = none); only with pretrained weights
 _C.BACKBONE.DATA_FORMAT = "auto"  # NHWC, NCHW or auto (NCHW on GPU, NHWC on CPU: NCHW is ~440x slower on CPU)
@@ -179,8 +181,17 @@ _C.TRAIN.EVAL_PERIOD = 1      # epochs between COCO evaluations (0 = only at the
 _C.TRAIN.CHECKPOINT_PERIOD = 1  # epochs between checkpoints
 _C.TRAIN.GRADIENT_CLIP = 0.0  # global-norm clip; 0 = off (use ~1.5 for large global batches)
 _C.TRAIN.LOAD_MODEL = ""      # checkpoint or .npz to start from (resume from LOGDIR wins)
-_C.TRAIN.MIXED_PRECISION = False  # GPU only
-_C.TRAIN.XLA = False              # GPU only
+_C.TRAIN.MIXED_PRECISION = False  # GPU only: float16 compute through the grappler AMP rewrite + loss scaling
+_C.TRAIN.XLA = False              # GPU only: XLA auto-clustering (global_jit_level ON_1)
+_C.TRAIN.MOMENTUM = 0.9
+_C.TRAIN.LOG_PERIOD = 20          # steps between progress lines (step, losses, images/s, ETA)
+_C.TRAIN.MAX_STEPS = 0            # derived: last step of the LR schedule
+_C.TRAIN.MAX_EPOCH = 0            # derived: MAX_STEPS / STEPS_PER_EPOCH, rounded up
+_C.TRAIN.LR_BOUNDARIES = []       # derived: global steps where the LR multiplier changes
+_C.TRAIN.LR_MULTIPLIERS = []      # derived: multipliers of the scaled base LR; one more than boundaries
+_C.TRAIN.WARMUP_STEPS = 0         # derived: WARMUP at the actual global batch
+_C.TRAIN.SCALED_LR = 0.0          # derived: BASE_LR * global batch / 8
+_C.TRAIN.EVAL_MAX_IMAGES = 0      # evaluate on at most this many validation images (0 = all)
 
 # ---------------------------------------------------------------------------------------------
 # Preprocessing
@@ -214,6 +225,7 @@ _C.RPN.TEST_PER_LEVEL_NMS_TOPK = 1000   # FPN
 # ---------------------------------------------------------------------------------------------
 # Fast R-CNN box head
 _C.FRCNN.BATCH_PER_IM = 512
+_C.FRCNN.POOLED_SIZE = 7            # ROIAlign output side for the box head (the mask head uses MASK_SIZE / 2)
 _C.FRCNN.BBOX_REG_WEIGHTS = [10., 10., 5., 5.]
 _C.FRCNN.FG_THRESH = 0.5
 _C.FRCNN.FG_RATIO = 0.25
@@ -228,10 +240,12 @@ _C.FPN.FRCNN_HEAD_FUNC = "fastrcnn_2fc_head"
 _C.FPN.FRCNN_CONV_HEAD_DIM = 256
 _C.FPN.FRCNN_FC_HEAD_DIM = 1024
 _C.FPN.MRCNN_HEAD_FUNC = "maskrcnn_up4conv_head"
+_C.FPN.ROI_CANONICAL_SIZE = 224.    # an ROI of this side length is pooled from P4 (smaller ones from P2/P3)
 
 # ---------------------------------------------------------------------------------------------
 # Mask head
 _C.MRCNN.HEAD_DIM = 256
+_C.MRCNN.NUM_CONV = 4               # 3x3 convs before the 2x upsampling (4 in the paper's FPN head)
 _C.MRCNN.MASK_SIZE = 28             # output resolution of the mask head (14x14 ROIAlign, upsampled 2x)
 _C.MRCNN.ACCURATE_PASTE = True
 
@@ -255,3 +269,197 @@ def new_config() -> AttrDict:
     # Unknown keys are rejected even before finalize: only existing keys may be overridden.
     cfg.freeze()
     return cfg
+
+BLOCK_CHOICES = ("bottleneck", "basic")
+DATA_FORMAT_CHOICES = ("NHWC", "NCHW", "auto")
+FPN_LEVEL_STRIDES = (4, 8, 16, 32, 64)   # P2..P6
+FRCNN_HEAD_CHOICES = ("fastrcnn_2fc_head", "fastrcnn_4conv1fc_head", "fastrcnn_4conv1fc_gn_head")
+MRCNN_HEAD_CHOICES = ("maskrcnn_up4conv_head", "maskrcnn_up4conv_gn_head")
+# Reference global batch for BASE_LR, LR_SCHEDULE and WARMUP (tensorpack's 8 GPUs x 1 image).
+REFERENCE_GLOBAL_BATCH = 8
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConfigError(message)
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _gpu_available() -> bool:
+    from training.compat import tf  # lazy: config parsing must not need TensorFlow
+    return bool(tf.config.list_physical_devices("GPU"))
+
+
+def finalize(cfg: AttrDict, *, num_ranks: int, class_names: list[str] | None = None,
+             has_gpu: bool | None = None) -> AttrDict:
+    """Validate ``cfg``, derive the values marked "derived" above, and freeze it.
+
+    ``num_ranks`` is the Horovod size; ``class_names`` (``["BG", ...]``) comes from the training
+    annotations. Raises ``ConfigError`` naming the bad key and what is allowed.
+    """
+    cfg.freeze(False)
+    try:
+        _finalize(cfg, num_ranks=num_ranks, class_names=class_names, has_gpu=has_gpu)
+    finally:
+        cfg.freeze()
+    return cfg
+
+
+def _finalize(cfg: AttrDict, *, num_ranks: int, class_names, has_gpu) -> None:
+    _require(_is_int(num_ranks) and num_ranks >= 1, f"num_ranks must be >= 1, got {num_ranks!r}")
+    for key in ("MODE_MASK", "MODE_FPN", "PREPROC.HORIZONTAL_FLIP", "TRAIN.MIXED_PRECISION", "TRAIN.XLA"):
+        _require(isinstance(cfg.get(key), bool), f"{key} must be True or False, got {cfg.get(key)!r}")
+
+    # -- data
+    for key in ("DATA.TRAIN", "DATA.VAL"):
+        names = cfg.get(key)
+        _require(isinstance(names, (list, tuple)) and len(names) > 0 and all(isinstance(n, str) and n for n in names),
+                 f"{key} must name at least one split (e.g. 'coco_train2017'), got {names!r}")
+    cfg.DATA.TRAIN, cfg.DATA.VAL = tuple(cfg.DATA.TRAIN), tuple(cfg.DATA.VAL)
+    _require(_is_int(cfg.DATA.NUM_WORKERS) and cfg.DATA.NUM_WORKERS >= 1,
+             f"DATA.NUM_WORKERS must be >= 1, got {cfg.DATA.NUM_WORKERS!r}")
+    if class_names is not None:
+        _require(len(class_names) >= 2 and class_names[0] == "BG",
+                 f"class names must start with 'BG' and name at least one category, got {class_names!r}")
+        cfg.DATA.CLASS_NAMES = list(class_names)
+        cfg.DATA.NUM_CATEGORY = len(class_names) - 1
+
+    # -- backbone
+    blocks = cfg.BACKBONE.RESNET_NUM_BLOCKS
+    _require(isinstance(blocks, (list, tuple)) and len(blocks) == 4 and all(_is_int(b) and b >= 1 for b in blocks),
+             f"unknown backbone: BACKBONE.RESNET_NUM_BLOCKS must be 4 positive block counts "
+             f"([3, 4, 6, 3] = resnet50, [3, 4, 23, 3] = resnet101), got {blocks!r}")
+    cfg.BACKBONE.RESNET_NUM_BLOCKS = list(blocks)
+    _require(cfg.BACKBONE.BLOCK in BLOCK_CHOICES,
+             f"unknown backbone block {cfg.BACKBONE.BLOCK!r}: BACKBONE.BLOCK must be one of {BLOCK_CHOICES}")
+    _require(_is_int(cfg.BACKBONE.WIDTH) and cfg.BACKBONE.WIDTH >= 4,
+             f"BACKBONE.WIDTH must be an integer >= 4, got {cfg.BACKBONE.WIDTH!r}")
+    norm = "None" if cfg.BACKBONE.NORM is None else cfg.BACKBONE.NORM
+    _require(norm in NORM_CHOICES,
+             f"BACKBONE.NORM (batch_norm) must be one of {', '.join(NORM_CHOICES)}; got {norm!r}")
+    cfg.BACKBONE.NORM = norm
+    _require(_is_int(cfg.BACKBONE.FREEZE_AT) and 0 <= cfg.BACKBONE.FREEZE_AT <= 5,
+             f"BACKBONE.FREEZE_AT must be 0..5, got {cfg.BACKBONE.FREEZE_AT!r}")
+    if not cfg.BACKBONE.WEIGHTS:
+        cfg.BACKBONE.FREEZE_AT = 0  # nothing pretrained to protect: train every stage
+    _require(cfg.BACKBONE.DATA_FORMAT in DATA_FORMAT_CHOICES,
+             f"BACKBONE.DATA_FORMAT must be one of {DATA_FORMAT_CHOICES}, got {cfg.BACKBONE.DATA_FORMAT!r}")
+    if cfg.BACKBONE.DATA_FORMAT == "auto":
+        gpu = _gpu_available() if has_gpu is None else has_gpu
+        # NCHW convolutions are ~440x slower than NHWC on CPU (see NOTES.md); cuDNN prefers NCHW.
+        cfg.BACKBONE.DATA_FORMAT = "NCHW" if gpu else "NHWC"
+    _require(_is_int(cfg.BACKBONE.GN_GROUPS) and cfg.BACKBONE.GN_GROUPS >= 1,
+             f"BACKBONE.GN_GROUPS must be >= 1, got {cfg.BACKBONE.GN_GROUPS!r}")
+
+    # -- FPN / anchors / heads
+    strides = tuple(cfg.FPN.ANCHOR_STRIDES)
+    _require(len(strides) >= 1 and all(s in FPN_LEVEL_STRIDES for s in strides) and list(strides) == sorted(set(strides)),
+             f"FPN.ANCHOR_STRIDES must be increasing values from {FPN_LEVEL_STRIDES}, got {strides!r}")
+    cfg.FPN.ANCHOR_STRIDES = strides
+    sizes = tuple(cfg.RPN.ANCHOR_SIZES)
+    _require(len(sizes) >= 1 and all(isinstance(s, (int, float)) and s > 0 for s in sizes),
+             f"RPN.ANCHOR_SIZES must be positive numbers, got {sizes!r}")
+    if cfg.MODE_FPN:
+        _require(len(sizes) == len(strides),
+                 f"with MODE_FPN, RPN.ANCHOR_SIZES needs one size per FPN level: {len(strides)} strides "
+                 f"{strides} but {len(sizes)} sizes {sizes}")
+    cfg.RPN.ANCHOR_SIZES = sizes
+    ratios = tuple(cfg.RPN.ANCHOR_RATIOS)
+    _require(len(ratios) >= 1 and all(isinstance(r, (int, float)) and r > 0 for r in ratios),
+             f"RPN.ANCHOR_RATIOS must be positive numbers, got {ratios!r}")
+    cfg.RPN.ANCHOR_RATIOS = ratios
+    _require(cfg.FPN.PROPOSAL_MODE in ("Level", "Joint"), f"FPN.PROPOSAL_MODE must be Level or Joint, got {cfg.FPN.PROPOSAL_MODE!r}")
+    _require(cfg.FPN.NORM in ("None", "GN"), f"FPN.NORM must be None or GN, got {cfg.FPN.NORM!r}")
+    _require(cfg.FPN.FRCNN_HEAD_FUNC in FRCNN_HEAD_CHOICES,
+             f"FPN.FRCNN_HEAD_FUNC must be one of {FRCNN_HEAD_CHOICES}, got {cfg.FPN.FRCNN_HEAD_FUNC!r}")
+    _require(cfg.FPN.MRCNN_HEAD_FUNC in MRCNN_HEAD_CHOICES,
+             f"FPN.MRCNN_HEAD_FUNC must be one of {MRCNN_HEAD_CHOICES}, got {cfg.FPN.MRCNN_HEAD_FUNC!r}")
+    _require(_is_int(cfg.MRCNN.MASK_SIZE) and cfg.MRCNN.MASK_SIZE >= 4 and cfg.MRCNN.MASK_SIZE % 2 == 0,
+             f"MRCNN.MASK_SIZE must be an even integer >= 4, got {cfg.MRCNN.MASK_SIZE!r}")
+    for key in ("RPN.BATCH_PER_IM", "FRCNN.BATCH_PER_IM", "RPN.TRAIN_POST_NMS_TOPK", "RPN.TEST_POST_NMS_TOPK",
+                "RPN.TRAIN_PRE_NMS_TOPK", "RPN.TEST_PRE_NMS_TOPK", "RPN.TRAIN_PER_LEVEL_NMS_TOPK",
+                "RPN.TEST_PER_LEVEL_NMS_TOPK", "TEST.RESULTS_PER_IM", "FRCNN.POOLED_SIZE", "MRCNN.NUM_CONV"):
+        v = cfg.get(key)
+        _require(_is_int(v) and v >= (0 if key == "MRCNN.NUM_CONV" else 1), f"{key} must be a positive integer, got {v!r}")
+    for key in ("RPN.FG_RATIO", "FRCNN.FG_RATIO"):
+        v = cfg.get(key)
+        _require(isinstance(v, (int, float)) and 0 < v <= 1, f"{key} must be in (0, 1], got {v!r}")
+
+    # -- preprocessing
+    short = cfg.PREPROC.TRAIN_SHORT_EDGE_SIZE
+    if isinstance(short, (int, float)):
+        short = [short, short]
+    _require(isinstance(short, (list, tuple)) and len(short) == 2 and all(_is_int(s) and s > 0 for s in short)
+             and short[0] <= short[1],
+             f"PREPROC.TRAIN_SHORT_EDGE_SIZE must be [min, max] positive integers, got {cfg.PREPROC.TRAIN_SHORT_EDGE_SIZE!r}")
+    cfg.PREPROC.TRAIN_SHORT_EDGE_SIZE = list(short)
+    _require(_is_int(cfg.PREPROC.TEST_SHORT_EDGE_SIZE) and cfg.PREPROC.TEST_SHORT_EDGE_SIZE > 0,
+             f"PREPROC.TEST_SHORT_EDGE_SIZE must be a positive integer, got {cfg.PREPROC.TEST_SHORT_EDGE_SIZE!r}")
+    _require(isinstance(cfg.PREPROC.MAX_SIZE, (int, float)) and cfg.PREPROC.MAX_SIZE >= max(short[1], cfg.PREPROC.TEST_SHORT_EDGE_SIZE),
+             f"PREPROC.MAX_SIZE ({cfg.PREPROC.MAX_SIZE!r}) must be >= the short-edge sizes")
+
+    # -- schedule
+    bs = cfg.TRAIN.BATCH_SIZE_PER_GPU
+    _require(_is_int(bs) and bs >= 1,
+             f"TRAIN.BATCH_SIZE_PER_GPU (batch_size_per_gpu) must be an integer >= 1 (1 to 4 on a 16 GB GPU), got {bs!r}")
+    cfg.TRAIN.NUM_GPUS = num_ranks
+    global_batch = bs * num_ranks
+    ipe = cfg.TRAIN.IMAGES_PER_EPOCH
+    _require(_is_int(ipe) and ipe >= 1, f"TRAIN.IMAGES_PER_EPOCH must be a positive integer, got {ipe!r}")
+    cfg.TRAIN.STEPS_PER_EPOCH = max(1, -(-ipe // global_batch))
+    spe = cfg.TRAIN.STEPS_PER_EPOCH
+    _require(isinstance(cfg.TRAIN.BASE_LR, (int, float)) and cfg.TRAIN.BASE_LR > 0,
+             f"TRAIN.BASE_LR must be > 0, got {cfg.TRAIN.BASE_LR!r}")
+    scale = global_batch / REFERENCE_GLOBAL_BATCH
+    cfg.TRAIN.SCALED_LR = float(cfg.TRAIN.BASE_LR) * scale
+
+    if cfg.TRAIN.LR_EPOCH_SCHEDULE:
+        sched = cfg.TRAIN.LR_EPOCH_SCHEDULE
+        _require(isinstance(sched, (list, tuple)) and all(isinstance(e, (list, tuple)) and len(e) == 2 for e in sched),
+                 f"TRAIN.LR_EPOCH_SCHEDULE must be [(epoch, lr_multiplier), ..., (last_epoch, None)], got {sched!r}")
+        epochs = [e for e, _ in sched]
+        mults = [m for _, m in sched]
+        _require(all(_is_int(e) and e >= 1 for e in epochs) and epochs == sorted(set(epochs)),
+                 f"TRAIN.LR_EPOCH_SCHEDULE epochs must be increasing positive integers, got {epochs!r}")
+        _require(mults[-1] is None and all(isinstance(m, (int, float)) and m > 0 for m in mults[:-1]),
+                 f"TRAIN.LR_EPOCH_SCHEDULE: every entry but the last needs a positive multiplier and the last "
+                 f"(the end of training) None, got {sched!r}")
+        cfg.TRAIN.LR_BOUNDARIES = [e * spe for e in epochs[:-1]]
+        cfg.TRAIN.LR_MULTIPLIERS = [1.0] + [float(m) for m in mults[:-1]]
+        cfg.TRAIN.MAX_STEPS = epochs[-1] * spe
+    else:
+        sched = cfg.TRAIN.LR_SCHEDULE
+        _require(isinstance(sched, (list, tuple)) and len(sched) >= 1 and all(_is_int(s) and s > 0 for s in sched)
+                 and list(sched) == sorted(set(sched)),
+                 f"TRAIN.LR_SCHEDULE (lr_schedule) must be increasing step counts like [240000, 320000, 360000], got {sched!r}")
+        # Steps are stated at the reference global batch of 8: fewer, larger steps at a larger batch.
+        steps = [max(1, int(round(s / scale))) for s in sched]
+        cfg.TRAIN.LR_BOUNDARIES = steps[:-1]
+        cfg.TRAIN.LR_MULTIPLIERS = [0.1 ** i for i in range(len(steps))]
+        cfg.TRAIN.MAX_STEPS = steps[-1]
+    cfg.TRAIN.MAX_EPOCH = -(-cfg.TRAIN.MAX_STEPS // spe)
+    _require(_is_int(cfg.TRAIN.WARMUP) and cfg.TRAIN.WARMUP >= 0, f"TRAIN.WARMUP must be >= 0 steps, got {cfg.TRAIN.WARMUP!r}")
+    cfg.TRAIN.WARMUP_STEPS = min(int(round(cfg.TRAIN.WARMUP / scale)), cfg.TRAIN.MAX_STEPS)
+    for key in ("TRAIN.EVAL_PERIOD", "TRAIN.EVAL_MAX_IMAGES"):
+        _require(_is_int(cfg.get(key)) and cfg.get(key) >= 0, f"{key} must be an integer >= 0, got {cfg.get(key)!r}")
+    for key in ("TRAIN.CHECKPOINT_PERIOD", "TRAIN.LOG_PERIOD"):
+        _require(_is_int(cfg.get(key)) and cfg.get(key) >= 1, f"{key} must be an integer >= 1, got {cfg.get(key)!r}")
+    _require(isinstance(cfg.TRAIN.GRADIENT_CLIP, (int, float)) and cfg.TRAIN.GRADIENT_CLIP >= 0,
+             f"TRAIN.GRADIENT_CLIP must be >= 0 (0 = off), got {cfg.TRAIN.GRADIENT_CLIP!r}")
+
+
+def learning_rate_at(cfg: AttrDict, step: int) -> float:
+    """The LR of a finalized config at a global step (NumPy mirror of the in-graph schedule)."""
+    t = cfg.TRAIN
+    mult = t.LR_MULTIPLIERS[0]
+    for boundary, m in zip(t.LR_BOUNDARIES, t.LR_MULTIPLIERS[1:]):
+        if step >= boundary:
+            mult = m
+    lr = t.SCALED_LR * mult
+    if step < t.WARMUP_STEPS:
+        alpha = step / t.WARMUP_STEPS
+        lr = t.WARMUP_INIT_LR * (1 - alpha) + lr * alpha
+    return lr

@@ -1,0 +1,134 @@
+"""Box arithmetic shared by the anchors, the RPN and the Fast R-CNN head.
+
+Boxes are ``x1, y1, x2, y2`` in absolute pixels of the network input, with continuous
+coordinates (pixel ``k`` spans ``[k, k + 1)``), so a box's width is ``x2 - x1``. Every function
+has a NumPy form (input pipeline, tests, post-processing) and a TensorFlow form (the graph);
+they compute the same thing and are tested against each other.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+# Deltas larger than this are clipped before exp(): a box can grow at most 1000/16 = 62x.
+BBOX_DECODE_CLIP = math.log(1000.0 / 16.0)
+
+
+# ---------------------------------------------------------------------------------------------- NumPy
+def np_area(boxes: np.ndarray) -> np.ndarray:
+    return np.clip(boxes[:, 2] - boxes[:, 0], 0, None) * np.clip(boxes[:, 3] - boxes[:, 1], 0, None)
+
+
+def np_iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Pairwise IoU, ``[N, 4] x [M, 4] -> [N, M]``; empty boxes give 0."""
+    a = np.asarray(a, np.float32).reshape(-1, 4)
+    b = np.asarray(b, np.float32).reshape(-1, 4)
+    x1 = np.maximum(a[:, None, 0], b[None, :, 0])
+    y1 = np.maximum(a[:, None, 1], b[None, :, 1])
+    x2 = np.minimum(a[:, None, 2], b[None, :, 2])
+    y2 = np.minimum(a[:, None, 3], b[None, :, 3])
+    inter = np.clip(x2 - x1, 0, None) * np.clip(y2 - y1, 0, None)
+    union = np_area(a)[:, None] + np_area(b)[None, :] - inter
+    return np.where(union > 0, inter / np.maximum(union, 1e-12), 0.0).astype(np.float32)
+
+
+def np_encode(boxes: np.ndarray, anchors: np.ndarray, weights=(1.0, 1.0, 1.0, 1.0)) -> np.ndarray:
+    """Regression targets ``(dx, dy, dw, dh)`` that turn ``anchors`` into ``boxes``."""
+    aw = anchors[:, 2] - anchors[:, 0]
+    ah = anchors[:, 3] - anchors[:, 1]
+    ax = anchors[:, 0] + 0.5 * aw
+    ay = anchors[:, 1] + 0.5 * ah
+    bw = boxes[:, 2] - boxes[:, 0]
+    bh = boxes[:, 3] - boxes[:, 1]
+    bx = boxes[:, 0] + 0.5 * bw
+    by = boxes[:, 1] + 0.5 * bh
+    wx, wy, ww, wh = weights
+    return np.stack([wx * (bx - ax) / aw, wy * (by - ay) / ah,
+                     ww * np.log(bw / aw), wh * np.log(bh / ah)], axis=1).astype(np.float32)
+
+
+def np_decode(deltas: np.ndarray, anchors: np.ndarray, weights=(1.0, 1.0, 1.0, 1.0)) -> np.ndarray:
+    aw = anchors[:, 2] - anchors[:, 0]
+    ah = anchors[:, 3] - anchors[:, 1]
+    ax = anchors[:, 0] + 0.5 * aw
+    ay = anchors[:, 1] + 0.5 * ah
+    wx, wy, ww, wh = weights
+    dx, dy = deltas[:, 0] / wx, deltas[:, 1] / wy
+    dw = np.minimum(deltas[:, 2] / ww, BBOX_DECODE_CLIP)
+    dh = np.minimum(deltas[:, 3] / wh, BBOX_DECODE_CLIP)
+    cx, cy = ax + dx * aw, ay + dy * ah
+    w, h = aw * np.exp(dw), ah * np.exp(dh)
+    return np.stack([cx - 0.5 * w, cy - 0.5 * h, cx + 0.5 * w, cy + 0.5 * h], axis=1).astype(np.float32)
+
+
+def np_clip(boxes: np.ndarray, height: float, width: float) -> np.ndarray:
+    out = boxes.copy()
+    out[:, [0, 2]] = np.clip(out[:, [0, 2]], 0, width)
+    out[:, [1, 3]] = np.clip(out[:, [1, 3]], 0, height)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- TensorFlow
+def _tf():
+    from training.compat import tf
+    return tf
+
+
+def tf_area(boxes):
+    tf = _tf()
+    x1, y1, x2, y2 = tf.split(boxes, 4, axis=1)
+    return tf.squeeze(tf.maximum(x2 - x1, 0.0) * tf.maximum(y2 - y1, 0.0), axis=1)
+
+
+def tf_iou(a, b):
+    """Pairwise IoU of ``[N, 4]`` and ``[M, 4]`` float32 tensors -> ``[N, M]``."""
+    tf = _tf()
+    ax1, ay1, ax2, ay2 = tf.split(a, 4, axis=1)
+    bx1, by1, bx2, by2 = tf.split(b, 4, axis=1)
+    iw = tf.maximum(tf.minimum(ax2, tf.transpose(bx2)) - tf.maximum(ax1, tf.transpose(bx1)), 0.0)
+    ih = tf.maximum(tf.minimum(ay2, tf.transpose(by2)) - tf.maximum(ay1, tf.transpose(by1)), 0.0)
+    inter = iw * ih
+    union = tf.expand_dims(tf_area(a), 1) + tf.expand_dims(tf_area(b), 0) - inter
+    return tf.where(union > 0, inter / tf.maximum(union, 1e-12), tf.zeros_like(inter))
+
+
+def tf_encode(boxes, anchors, weights=(1.0, 1.0, 1.0, 1.0)):
+    tf = _tf()
+    aw = anchors[:, 2] - anchors[:, 0]
+    ah = anchors[:, 3] - anchors[:, 1]
+    ax = anchors[:, 0] + 0.5 * aw
+    ay = anchors[:, 1] + 0.5 * ah
+    bw = boxes[:, 2] - boxes[:, 0]
+    bh = boxes[:, 3] - boxes[:, 1]
+    bx = boxes[:, 0] + 0.5 * bw
+    by = boxes[:, 1] + 0.5 * bh
+    wx, wy, ww, wh = weights
+    return tf.stack([wx * (bx - ax) / aw, wy * (by - ay) / ah,
+                     ww * tf.math.log(bw / aw), wh * tf.math.log(bh / ah)], axis=1)
+
+
+def tf_decode(deltas, anchors, weights=(1.0, 1.0, 1.0, 1.0)):
+    tf = _tf()
+    aw = anchors[:, 2] - anchors[:, 0]
+    ah = anchors[:, 3] - anchors[:, 1]
+    ax = anchors[:, 0] + 0.5 * aw
+    ay = anchors[:, 1] + 0.5 * ah
+    wx, wy, ww, wh = weights
+    dx, dy = deltas[:, 0] / wx, deltas[:, 1] / wy
+    dw = tf.minimum(deltas[:, 2] / ww, BBOX_DECODE_CLIP)
+    dh = tf.minimum(deltas[:, 3] / wh, BBOX_DECODE_CLIP)
+    cx, cy = ax + dx * aw, ay + dy * ah
+    w, h = aw * tf.exp(dw), ah * tf.exp(dh)
+    return tf.stack([cx - 0.5 * w, cy - 0.5 * h, cx + 0.5 * w, cy + 0.5 * h], axis=1)
+
+
+def tf_clip(boxes, image_hw):
+    """Clip ``[N, 4]`` boxes to an image of ``image_hw = [height, width]`` (a float tensor)."""
+    tf = _tf()
+    h, w = image_hw[0], image_hw[1]
+    x1 = tf.clip_by_value(boxes[:, 0], 0.0, w)
+    y1 = tf.clip_by_value(boxes[:, 1], 0.0, h)
+    x2 = tf.clip_by_value(boxes[:, 2], 0.0, w)
+    y2 = tf.clip_by_value(boxes[:, 3], 0.0, h)
+    return tf.stack([x1, y1, x2, y2], axis=1)

@@ -1,0 +1,239 @@
+"""The detector as a short pipeline: preprocess -> backbone -> (FPN) -> RPN -> box head -> mask head.
+
+``MaskRCNN`` is a tensorpack ``ModelDesc``: ``inputs()`` declares what the input pipeline feeds,
+``build_graph()`` returns the training loss (or, outside training, names the detection outputs),
+``optimizer()`` holds the LR schedule. Faster R-CNN is ``MODE_MASK=False``; the C4 variant
+(``MODE_FPN=False``) pools ROIs from res4 and runs res5 as the box head.
+"""
+from __future__ import annotations
+
+from tensorpack import ModelDesc
+from tensorpack.models import FullyConnected, Conv2D, Conv2DTranspose
+from tensorpack.tfutils.argscope import argscope
+from tensorpack.tfutils.summary import add_moving_summary
+from tensorpack.tfutils.tower import get_current_tower_context
+
+from training.compat import tf, tf1
+from training.model import frcnn_head, losses, mask_head as mask_lib
+from training.model.backbone import ResNet
+from training.model.fpn import fpn
+from training.model.roi_align import multilevel_roi_align, roi_align
+from training.model.rpn import generate_proposals, multilevel_rpn
+
+INPUT_NAMES_TRAIN = ("images", "image_hw", "gt_boxes", "gt_labels", "num_gt", "gt_masks",
+                     "anchor_labels", "anchor_targets")
+INPUT_NAMES_PREDICT = ("images", "image_hw")
+OUTPUT_NAMES = ("output/boxes", "output/scores", "output/labels", "output/masks")
+FPN_ROI_STRIDES = (4, 8, 16, 32)
+
+
+def learning_rate(cfg, global_step):
+    """Linear warmup from WARMUP_INIT_LR, then the piecewise-constant schedule (see config.finalize)."""
+    t = cfg.TRAIN
+    step = tf.cast(global_step, tf.float32)
+    values = [t.SCALED_LR * m for m in t.LR_MULTIPLIERS]
+    lr = tf1.train.piecewise_constant(global_step, [int(b) for b in t.LR_BOUNDARIES], values) \
+        if t.LR_BOUNDARIES else tf.constant(values[0])
+    if t.WARMUP_STEPS > 0:
+        alpha = tf.minimum(step / float(t.WARMUP_STEPS), 1.0)
+        lr = tf.where(step < t.WARMUP_STEPS, t.WARMUP_INIT_LR * (1 - alpha) + lr * alpha, lr)
+    return lr
+
+
+class MaskRCNN(ModelDesc):
+    def __init__(self, cfg):
+        super().__init__()
+        self.cfg = cfg
+        self.num_classes = cfg.DATA.NUM_CATEGORY
+        self.stats = {}  # metric name -> tensor, printed by the progress logger
+
+    # -------------------------------------------------------------------------------- inputs
+    def inputs(self):
+        return [
+            tf.TensorSpec([None, None, None, 3], tf.float32, "images"),        # RGB 0..255, zero-padded
+            tf.TensorSpec([None, 2], tf.int32, "image_hw"),                     # real size before padding
+            tf.TensorSpec([None, None, 4], tf.float32, "gt_boxes"),             # x1y1x2y2, padded per batch
+            tf.TensorSpec([None, None], tf.int32, "gt_labels"),                 # 1..C, 0 = padding
+            tf.TensorSpec([None], tf.int32, "num_gt"),
+            tf.TensorSpec([None, None, None, None], tf.uint8, "gt_masks"),      # [B, G, H, W]
+            tf.TensorSpec([None, None], tf.int32, "anchor_labels"),             # all levels, [H, W, A] order
+            tf.TensorSpec([None, None, 4], tf.float32, "anchor_targets"),
+        ]
+
+    # -------------------------------------------------------------------------------- graph
+    def _preprocess(self, images):
+        p = self.cfg.PREPROC
+        x = (images - tf.constant(p.PIXEL_MEAN, tf.float32)) / tf.constant(p.PIXEL_STD, tf.float32)
+        return tf.transpose(x, [0, 3, 1, 2]) if self.cfg.BACKBONE.DATA_FORMAT == "NCHW" else x
+
+    def _to_nhwc(self, x):
+        return tf.transpose(x, [0, 2, 3, 1]) if self.cfg.BACKBONE.DATA_FORMAT == "NCHW" else x
+
+    def _features(self, images):
+        """RPN feature maps (one per anchor level) and the ROI pooling function."""
+        cfg = self.cfg
+        x = self._preprocess(images)
+        self.backbone = ResNet.from_config(cfg)
+        fmt = cfg.BACKBONE.DATA_FORMAT
+        if cfg.MODE_FPN:
+            c_feats = self.backbone(x)
+            p_feats = fpn(c_feats, num_channel=cfg.FPN.NUM_CHANNEL, norm=cfg.FPN.NORM, data_format=fmt,
+                          with_p6=64 in cfg.FPN.ANCHOR_STRIDES)
+            rpn_feats = [p_feats[(4, 8, 16, 32, 64).index(s)] for s in cfg.FPN.ANCHOR_STRIDES]
+            roi_feats = [self._to_nhwc(f) for f in p_feats[:4]]
+
+            def pool(boxes, box_indices, size):
+                return multilevel_roi_align(roi_feats, boxes, box_indices, output_size=size,
+                                            canonical_size=cfg.FPN.ROI_CANONICAL_SIZE, strides=FPN_ROI_STRIDES)
+        else:
+            c4 = self.backbone(x, num_stages=3)[-1]
+            rpn_feats = [c4]
+            c4_nhwc = self._to_nhwc(c4)
+
+            def pool(boxes, box_indices, size):
+                return roi_align(c4_nhwc, boxes, box_indices, stride=cfg.RPN.ANCHOR_STRIDE, output_size=size)
+        return rpn_feats, pool
+
+    def _box_head(self, pool, rois, box_indices):
+        cfg = self.cfg
+        if cfg.MODE_FPN:
+            pooled = pool(rois, box_indices, cfg.FRCNN.POOLED_SIZE)
+            logits, deltas = frcnn_head.box_head(pooled, head_func=cfg.FPN.FRCNN_HEAD_FUNC,
+                                                 fc_dim=cfg.FPN.FRCNN_FC_HEAD_DIM, conv_dim=cfg.FPN.FRCNN_CONV_HEAD_DIM,
+                                                 num_classes=self.num_classes, gn_groups=cfg.BACKBONE.GN_GROUPS)
+            return logits, deltas, None
+        # C4: pool 2P x 2P from res4, run res5 (stride 2) as the head, global-average-pool
+        pooled = pool(rois, box_indices, 2 * cfg.FRCNN.POOLED_SIZE)
+        if cfg.BACKBONE.DATA_FORMAT == "NCHW":
+            pooled = tf.transpose(pooled, [0, 3, 1, 2])
+        res5 = self._to_nhwc(self.backbone.stage(pooled, 3))
+        feat = tf.reduce_mean(res5, axis=[1, 2])
+        with tf1.variable_scope("fastrcnn"):
+            logits = FullyConnected("class", feat, self.num_classes + 1,
+                                    kernel_initializer=tf1.random_normal_initializer(stddev=0.01))
+            deltas = FullyConnected("box", feat, self.num_classes * 4,
+                                    kernel_initializer=tf1.random_normal_initializer(stddev=0.001))
+        return logits, tf.reshape(deltas, [-1, self.num_classes, 4]), res5
+
+    def _mask_logits(self, pool, boxes, box_indices, res5=None):
+        cfg = self.cfg
+        if cfg.MODE_FPN:
+            pooled = pool(boxes, box_indices, cfg.MRCNN.MASK_SIZE // 2)
+            return mask_lib.mask_head(pooled, num_classes=self.num_classes, head_dim=cfg.MRCNN.HEAD_DIM,
+                                      num_conv=cfg.MRCNN.NUM_CONV, use_gn=cfg.FPN.MRCNN_HEAD_FUNC.endswith("gn_head"),
+                                      gn_groups=cfg.BACKBONE.GN_GROUPS)
+        # C4: the res5 features of the same ROIs, upsampled 2x (14x14 masks)
+        if res5 is None:
+            pooled = pool(boxes, box_indices, 2 * cfg.FRCNN.POOLED_SIZE)
+            if cfg.BACKBONE.DATA_FORMAT == "NCHW":
+                pooled = tf.transpose(pooled, [0, 3, 1, 2])
+            res5 = self._to_nhwc(self.backbone.stage(pooled, 3))
+        with tf1.variable_scope("maskrcnn"), argscope([Conv2D, Conv2DTranspose], data_format="channels_last"):
+            x = Conv2DTranspose("deconv", res5, cfg.MRCNN.HEAD_DIM, 2, strides=2, activation=tf.nn.relu)
+            x = Conv2D("conv", x, self.num_classes, 1, kernel_initializer=tf1.random_normal_initializer(stddev=0.001))
+        return tf.transpose(x, [0, 3, 1, 2])
+
+    def build_graph(self, images, image_hw, gt_boxes, gt_labels, num_gt, gt_masks, anchor_labels, anchor_targets):
+        cfg = self.cfg
+        training = get_current_tower_context().is_training
+        rpn_feats, pool = self._features(images)
+        logits_l, deltas_l, anchors_l = multilevel_rpn(rpn_feats, cfg=cfg, data_format=cfg.BACKBONE.DATA_FORMAT)
+        batch = cfg.TRAIN.BATCH_SIZE_PER_GPU if training else 1
+        proposals = [generate_proposals([lg[i] for lg in logits_l], [dl[i] for dl in deltas_l], anchors_l,
+                                        image_hw[i], cfg=cfg, training=training)[0] for i in range(batch)]
+        if not training:
+            return self._inference(pool, proposals[0], image_hw[0])
+
+        # ---- RPN losses over all images and levels
+        rpn_label_loss, rpn_box_loss = losses.rpn_losses(
+            tf.reshape(anchor_labels, [-1]), tf.reshape(anchor_targets, [-1, 4]),
+            tf.reshape(tf.concat(logits_l, axis=1), [-1]), tf.reshape(tf.concat(deltas_l, axis=1), [-1, 4]))
+
+        # ---- sample ROIs per image; gather foreground ROIs for the box regression and the mask head
+        max_gt = tf.shape(gt_boxes)[1]
+        rois, roi_img, labels, fg_pos, fg_rois, fg_img, fg_labels, fg_mask_index, fg_box_targets = ([] for _ in range(9))
+        offset = 0
+        for i in range(batch):
+            gtb = gt_boxes[i, :num_gt[i]]
+            gtl = gt_labels[i, :num_gt[i]]
+            r, lab, fg_gt, num_fg = frcnn_head.sample_rois(
+                proposals[i], gtb, gtl, batch_per_im=cfg.FRCNN.BATCH_PER_IM, fg_ratio=cfg.FRCNN.FG_RATIO,
+                fg_thresh=cfg.FRCNN.FG_THRESH)
+            rois.append(r)
+            labels.append(lab)
+            roi_img.append(tf.fill([tf.shape(r)[0]], i))
+            fg_pos.append(offset + tf.range(num_fg))
+            fg_rois.append(r[:num_fg])
+            fg_img.append(tf.fill([num_fg], i))
+            fg_labels.append(lab[:num_fg])
+            fg_mask_index.append(i * max_gt + fg_gt)
+            fg_box_targets.append(frcnn_head.box_targets(r, gtb, fg_gt, num_fg, cfg.FRCNN.BBOX_REG_WEIGHTS))
+            offset = offset + tf.shape(r)[0]
+        cat = lambda xs: tf.concat(xs, axis=0)  # noqa: E731
+        rois, roi_img, labels, fg_pos = cat(rois), cat(roi_img), cat(labels), cat(fg_pos)
+        fg_rois, fg_img, fg_labels, fg_mask_index, fg_box_targets = (
+            cat(fg_rois), cat(fg_img), cat(fg_labels), cat(fg_mask_index), cat(fg_box_targets))
+
+        logits, deltas, res5 = self._box_head(pool, rois, roi_img)
+        fg_deltas = tf.gather_nd(deltas, tf.stack([fg_pos, fg_labels - 1], axis=1))
+        label_loss, box_loss, stats = losses.fastrcnn_losses(labels, logits, fg_box_targets, fg_deltas)
+        named = {"rpn_losses/label_loss": rpn_label_loss, "rpn_losses/box_loss": rpn_box_loss,
+                 "fastrcnn_losses/label_loss": label_loss, "fastrcnn_losses/box_loss": box_loss, **stats}
+        total = rpn_label_loss + rpn_box_loss + label_loss + box_loss
+
+        if cfg.MODE_MASK:
+            res5_fg = tf.gather(res5, fg_pos) if res5 is not None else None
+            mask_logits = self._mask_logits(pool, fg_rois, fg_img, res5_fg)
+            shp = tf.shape(gt_masks)
+            flat_masks = tf.reshape(gt_masks, [shp[0] * shp[1], shp[2], shp[3]])
+            size = mask_logits.shape[-1] or cfg.MRCNN.MASK_SIZE
+            targets = mask_lib.mask_targets(flat_masks, fg_mask_index, fg_rois, size=int(size))
+            mask_loss, mstats = losses.maskrcnn_loss(mask_logits, fg_labels, targets)
+            named.update({"maskrcnn_loss/maskrcnn_loss": mask_loss, **mstats})
+            total = total + mask_loss
+
+        kernels = [v for v in tf1.trainable_variables() if v.name.endswith("/W:0")]
+        wd = tf.multiply(cfg.TRAIN.WEIGHT_DECAY, tf.add_n([tf.nn.l2_loss(v) for v in kernels]), name="wd_cost")
+        total = tf.add(total, wd, name="total_cost")
+        named.update({"wd_cost": wd, "total_cost": total})
+        add_moving_summary(*[tf.identity(v, name=k.replace("/", "_")) for k, v in named.items()])
+        self.stats = named
+        return total
+
+    def _inference(self, pool, proposals, image_hw):
+        cfg = self.cfg
+        zeros = tf.zeros([tf.shape(proposals)[0]], tf.int32)
+        logits, deltas, _ = self._box_head(pool, proposals, zeros)
+        boxes, scores, labels = frcnn_head.detections(
+            proposals, logits, deltas, image_hw, weights=cfg.FRCNN.BBOX_REG_WEIGHTS,
+            score_thresh=cfg.TEST.RESULT_SCORE_THRESH, nms_thresh=cfg.TEST.FRCNN_NMS_THRESH,
+            max_dets=cfg.TEST.RESULTS_PER_IM)
+        tf.identity(boxes, name="output/boxes")
+        tf.identity(scores, name="output/scores")
+        tf.identity(labels, name="output/labels")
+        if cfg.MODE_MASK:
+            mask_logits = self._mask_logits(pool, boxes, tf.zeros([tf.shape(boxes)[0]], tf.int32))
+            idx = tf.stack([tf.range(tf.shape(labels)[0]), labels - 1], axis=1)
+            tf.sigmoid(tf.gather_nd(mask_logits, idx), name="output/masks")
+        else:
+            tf.zeros([tf.shape(boxes)[0], 1, 1], name="output/masks")
+        return None
+
+    # -------------------------------------------------------------------------------- optimizer
+    def optimizer(self):
+        from tensorpack.tfutils import optimizer as tp_optimizer
+        from tensorpack.tfutils.gradproc import GlobalNormClip
+        cfg = self.cfg
+        lr = tf.identity(learning_rate(cfg, tf1.train.get_or_create_global_step()), name="learning_rate")
+        tf1.summary.scalar("learning_rate", lr)
+        opt = tf1.train.MomentumOptimizer(lr, cfg.TRAIN.MOMENTUM)
+        if cfg.TRAIN.GRADIENT_CLIP > 0:
+            opt = tp_optimizer.apply_grad_processors(opt, [GlobalNormClip(cfg.TRAIN.GRADIENT_CLIP)])
+        if cfg.TRAIN.MIXED_PRECISION and _has_gpu():
+            # float16 compute with dynamic loss scaling, through the graph rewrite (GPU only)
+            opt = tf1.mixed_precision.enable_mixed_precision_graph_rewrite(opt)
+        return opt
+
+
+def _has_gpu() -> bool:
+    return bool(tf.config.list_physical_devices("GPU"))

@@ -1,0 +1,73 @@
+"""Losses of the three heads, with the training statistics the seed's metric names refer to.
+
+Each function adds scalar summaries under the exact names of seed 002's metric definitions
+(``fastrcnn_losses/box_loss``, ``maskrcnn_loss/accuracy`` ...); the progress logger prints them
+through :func:`training.metrics.format_metric`.
+"""
+from __future__ import annotations
+
+from training.compat import tf
+
+
+def _named(value, name):
+    return tf.identity(value, name=name)
+
+
+def rpn_losses(anchor_labels, anchor_deltas_target, logits, deltas):
+    """``anchor_labels [N]`` (1/0/-1), targets ``[N, 4]``, ``logits [N]``, ``deltas [N, 4]`` (all images)."""
+    with tf.name_scope("rpn_losses"):
+        valid = tf.reshape(tf.where(anchor_labels >= 0), [-1])
+        fg = tf.reshape(tf.where(tf.equal(anchor_labels, 1)), [-1])
+        valid_labels = tf.cast(tf.gather(anchor_labels, valid), tf.float32)
+        valid_logits = tf.gather(logits, valid)
+        num_valid = tf.maximum(tf.cast(tf.size(valid), tf.float32), 1.0)
+        label_loss = tf.reduce_sum(tf.nn.sigmoid_cross_entropy_with_logits(labels=valid_labels, logits=valid_logits)) / num_valid
+        # smooth-L1 with beta 1/9 (Faster R-CNN), normalised by the sampled anchors
+        diff = tf.abs(tf.gather(deltas, fg) - tf.gather(anchor_deltas_target, fg))
+        beta = 1.0 / 9
+        box_loss = tf.reduce_sum(tf.where(diff < beta, 0.5 * diff ** 2 / beta, diff - 0.5 * beta)) / num_valid
+        return _named(label_loss, "label_loss"), _named(box_loss, "box_loss")
+
+
+def fastrcnn_losses(labels, logits, box_target, box_pred_fg):
+    """``labels [R]``, ``logits [R, C+1]``, ``box_target``/``box_pred_fg`` ``[F, 4]`` (foreground ROIs)."""
+    with tf.name_scope("fastrcnn_losses"):
+        label_loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits))
+        num_rois = tf.maximum(tf.cast(tf.size(labels), tf.float32), 1.0)
+        diff = tf.abs(box_pred_fg - box_target)
+        box_loss = tf.reduce_sum(tf.where(diff < 1.0, 0.5 * diff ** 2, diff - 0.5)) / num_rois
+        with tf.name_scope("label_metrics"):
+            pred = tf.argmax(logits, axis=1, output_type=tf.int32)
+            correct = tf.cast(tf.equal(pred, labels), tf.float32)
+            accuracy = _named(tf.reduce_mean(correct), "accuracy")
+            is_fg = labels > 0
+            num_fg = tf.reduce_sum(tf.cast(is_fg, tf.float32))
+            safe_fg = tf.maximum(num_fg, 1.0)
+            false_negative = _named(tf.reduce_sum(tf.cast(is_fg & tf.equal(pred, 0), tf.float32)) / safe_fg,
+                                    "false_negative")
+            fg_accuracy = _named(tf.reduce_sum(tf.cast(is_fg, tf.float32) * correct) / safe_fg, "fg_accuracy")
+        num_fg_label = _named(num_fg, "num_fg_label")
+        stats = {"fastrcnn_losses/label_metrics/accuracy": accuracy,
+                 "fastrcnn_losses/label_metrics/false_negative": false_negative,
+                 "fastrcnn_losses/label_metrics/fg_accuracy": fg_accuracy,
+                 "fastrcnn_losses/num_fg_label": num_fg_label}
+        return _named(label_loss, "label_loss"), _named(box_loss, "box_loss"), stats
+
+
+def maskrcnn_loss(mask_logits, fg_labels, mask_targets):
+    """``mask_logits [F, C, S, S]``; the channel of each ROI's class is trained against ``mask_targets [F, S, S]``."""
+    with tf.name_scope("maskrcnn_loss"):
+        idx = tf.stack([tf.range(tf.size(fg_labels)), fg_labels - 1], axis=1)
+        logits = tf.gather_nd(mask_logits, idx)  # [F, S, S]
+        num = tf.size(fg_labels)
+        loss = tf.nn.sigmoid_cross_entropy_with_logits(labels=mask_targets, logits=logits)
+        loss = tf.where(num > 0, tf.reduce_mean(loss), 0.0)
+        pred = tf.cast(logits > 0, tf.float32)
+        accuracy = tf.where(num > 0, tf.reduce_mean(tf.cast(tf.equal(pred, mask_targets), tf.float32)), 0.0)
+        pos = tf.reduce_sum(mask_targets)
+        pos_accuracy = tf.reduce_sum(pred * mask_targets) / tf.maximum(pos, 1.0)
+        fg_pixel_ratio = tf.where(num > 0, tf.reduce_mean(mask_targets), 0.0)
+        stats = {"maskrcnn_loss/accuracy": _named(accuracy, "accuracy"),
+                 "maskrcnn_loss/pos_accuracy": _named(pos_accuracy, "pos_accuracy"),
+                 "maskrcnn_loss/fg_pixel_ratio": _named(fg_pixel_ratio, "fg_pixel_ratio")}
+        return _named(loss, "maskrcnn_loss"), stats

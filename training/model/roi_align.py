@@ -1,0 +1,63 @@
+"""ROIAlign (He et al., 2017) on top of ``tf.image.crop_and_resize``.
+
+Each output bin averages 2x2 bilinear samples placed at the centres of its four sub-bins, with
+no rounding of the box. Feature cell ``i`` of a map with stride ``s`` is centred at image
+coordinate ``(i + 0.5) * s`` (see anchors.py), which fixes the mapping from image boxes to the
+normalised coordinates that crop_and_resize samples at.
+"""
+from __future__ import annotations
+
+import math
+
+from training.compat import tf
+
+
+def _sampling_boxes(boxes, stride: float, samples: int, feat_h, feat_w):
+    """Normalised crop_and_resize boxes whose ``samples x samples`` grid hits the sub-bin centres."""
+    x1, y1, x2, y2 = tf.unstack(boxes, axis=1)
+    bw, bh = x2 - x1, y2 - y1
+    # first sample centre and spacing, in feature-cell index coordinates
+    ax = (x1 + 0.5 * bw / samples) / stride - 0.5
+    ay = (y1 + 0.5 * bh / samples) / stride - 0.5
+    dx = bw / (samples * stride)
+    dy = bh / (samples * stride)
+    wn = tf.maximum(tf.cast(feat_w, tf.float32) - 1.0, 1.0)
+    hn = tf.maximum(tf.cast(feat_h, tf.float32) - 1.0, 1.0)
+    return tf.stack([ay / hn, ax / wn, (ay + (samples - 1) * dy) / hn, (ax + (samples - 1) * dx) / wn], axis=1)
+
+
+def roi_align(features, boxes, box_indices, *, stride: float, output_size: int):
+    """``features`` NHWC ``[B, H, W, C]``; ``boxes`` ``[N, 4]`` in image pixels; ``box_indices`` ``[N]``.
+
+    Returns ``[N, output_size, output_size, C]``.
+    """
+    shape = tf.shape(features)
+    crop = 2 * output_size
+    norm_boxes = tf.stop_gradient(_sampling_boxes(boxes, stride, crop, shape[1], shape[2]))
+    sampled = tf.image.crop_and_resize(features, norm_boxes, tf.cast(box_indices, tf.int32), [crop, crop],
+                                       method="bilinear", extrapolation_value=0.0)
+    return tf.nn.avg_pool2d(sampled, 2, 2, padding="VALID")
+
+
+def fpn_level_of(boxes, *, canonical_size: float, num_levels: int = 4):
+    """FPN paper eq. 1: level ``k = 4 + log2(sqrt(area) / canonical)``, as 0..num_levels-1 for P2.."""
+    area = tf.maximum((boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1]), 1e-6)
+    k = tf.floor(4.0 + tf.math.log(tf.sqrt(area) / canonical_size + 1e-6) / math.log(2.0))
+    return tf.cast(tf.clip_by_value(k, 2.0, 1.0 + num_levels), tf.int32) - 2
+
+
+def multilevel_roi_align(features, boxes, box_indices, *, output_size: int, canonical_size: float,
+                         strides=(4, 8, 16, 32)):
+    """ROIAlign each box on the FPN level its size selects; output in the order of ``boxes``."""
+    levels = fpn_level_of(boxes, canonical_size=canonical_size, num_levels=len(features))
+    pooled, order = [], []
+    for i, (feat, stride) in enumerate(zip(features, strides)):
+        idx = tf.reshape(tf.where(tf.equal(levels, i)), [-1])
+        order.append(idx)
+        pooled.append(roi_align(feat, tf.gather(boxes, idx), tf.gather(box_indices, idx),
+                                stride=stride, output_size=output_size))
+    pooled = tf.concat(pooled, axis=0)
+    order = tf.concat(order, axis=0)
+    # undo the grouping by level
+    inverse = tf.math.invert_permutation(tf.cast(order, tf.int32))
+    return tf.gather(pooled, inverse)
