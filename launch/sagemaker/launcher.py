@@ -1,0 +1,289 @@
+"""Start, describe, stop and follow SageMaker training jobs of the Mask R-CNN image.
+
+    python -m launch.sagemaker.launcher start [--instance-count 4] [--spot] [-H mode_mask=True ...] [--dry-run]
+    python -m launch.sagemaker.launcher describe JOB
+    python -m launch.sagemaker.launcher stop JOB
+    python -m launch.sagemaker.launcher logs JOB
+
+Everything the job needs from the deployment is read from SageMakerStack's CloudFormation outputs
+(names in infra/outputs.py): the image, the role, the EFS file system, the private subnets and the
+security group, the bucket for the output. Channels are EFS directories: ``train`` read-only (the
+staged COCO tree), ``log`` read-write (the entry writes checkpoints and TensorBoard events into
+``<log>/<run name>``, so a restarted job resumes). The 22 metric definitions come from
+training.metrics, hyperparameters are checked with training.hparams before anything is sent.
+
+The same :func:`start_job` is what notebooks/sagemaker_training.ipynb calls.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from typing import Any
+
+import boto3
+
+from infra import outputs
+from launch.aws import LaunchError, make_session, require_output, stack_outputs
+
+DEFAULT_INSTANCE_TYPE = "ml.p4d.24xlarge"
+TRAIN_CHANNEL_PATH = "/data/coco"     # on the EFS file system; `python -m launch.staging to-efs` fills it
+LOG_CHANNEL_PATH = "/logs"
+CHECKPOINT_LOCAL_PATH = "/opt/ml/checkpoints"
+RUN_NAME_ENV = "MASKRCNN_RUN_NAME"    # read by launch/sagemaker/entry.py
+
+
+@dataclasses.dataclass
+class JobSpec:
+    """What a user chooses for one job; the rest comes from the stack."""
+    stack: str = outputs.SAGEMAKER_STACK
+    base_job_name: str = "maskrcnn"
+    instance_type: str | None = None       # default: the stack's output if it has one, else DEFAULT_INSTANCE_TYPE
+    instance_count: int | None = None
+    volume_size_gb: int | None = None
+    max_run_seconds: int | None = None
+    hyperparameters: dict[str, Any] = dataclasses.field(default_factory=dict)
+    train_path: str = TRAIN_CHANNEL_PATH
+    log_path: str = LOG_CHANNEL_PATH
+    run_name: str | None = None            # log subdirectory; default: the job name. Reuse one to resume it.
+    spot: bool = False
+    max_wait_seconds: int | None = None    # spot only; default 2 x max run
+    output_prefix: str = "maskrcnn/output"
+    environment: dict[str, str] = dataclasses.field(default_factory=dict)
+
+
+# Job defaults when the stack does not state them (the seed used 4 x ml.p3.16xlarge, 100 GB, 400,000 s).
+FALLBACKS = {"instance_type": DEFAULT_INSTANCE_TYPE, "instance_count": 1, "volume_size_gb": 100,
+             "max_run_seconds": 5 * 24 * 3600}
+# Optional stack outputs for those defaults (infra/outputs.py names them if SageMakerStack decides them).
+_OPTIONAL_OUTPUTS = {"instance_type": "TRAINING_INSTANCE_TYPE", "instance_count": "TRAINING_INSTANCE_COUNT",
+                     "volume_size_gb": "TRAINING_VOLUME_SIZE_GB", "max_run_seconds": "TRAINING_MAX_RUNTIME_S"}
+
+
+def _efs_path(path: str, what: str) -> str:
+    if not path.startswith("/") or ".." in path.split("/"):
+        raise LaunchError(f"{what} {path!r} must be an absolute path on the EFS file system, like /data/coco")
+    return path
+
+
+def resolve(spec: JobSpec, stack: dict[str, str]) -> JobSpec:
+    """``spec`` with every unset job setting filled from the stack's outputs or the fallbacks, validated."""
+    values = {}
+    for field, fallback in FALLBACKS.items():
+        value = getattr(spec, field)
+        if value is None:
+            name = getattr(outputs, _OPTIONAL_OUTPUTS[field], None)
+            value = stack.get(name) if name else None
+            value = fallback if value in (None, "") else type(fallback)(value)
+        values[field] = value
+    out = dataclasses.replace(spec, **values)
+    if not out.instance_type.startswith("ml."):
+        raise LaunchError(f"instance type {out.instance_type!r} is not a SageMaker type; they start with 'ml.', "
+                          f"e.g. ml.p4d.24xlarge")
+    if out.instance_count < 1 or out.volume_size_gb < 1 or out.max_run_seconds < 1:
+        raise LaunchError("instance count, volume size and max run time must be positive")
+    if out.spot and out.max_wait_seconds is not None and out.max_wait_seconds < out.max_run_seconds:
+        raise LaunchError("--max-wait must be at least --max-run (SageMaker's rule for spot jobs)")
+    _efs_path(out.train_path, "train channel path")
+    _efs_path(out.log_path, "log channel path")
+    return out
+
+
+def check_hyperparameters(hyperparameters: dict[str, Any]) -> None:
+    """Fail here, not an hour later in the container, on a wrong hyperparameter name or value."""
+    from training.config import ConfigError
+    from training.hparams import to_overrides
+    try:
+        to_overrides(hyperparameters)
+    except ConfigError as err:
+        raise LaunchError(str(err)) from None
+
+
+def build_trainer(session: boto3.session.Session, spec: JobSpec):
+    """A ``sagemaker.train.ModelTrainer`` for ``spec`` and the resolved spec."""
+    from sagemaker.core.helper.session_helper import Session
+    from sagemaker.core.training.configs import (CheckpointConfig, Compute, FileSystemDataSource, InputData,
+                                                 MetricDefinition, Networking, OutputDataConfig,
+                                                 StoppingCondition)
+    from sagemaker.train import ModelTrainer
+
+    from training.metrics import METRIC_DEFINITIONS
+
+    stack = stack_outputs(session, spec.stack)
+
+    def need(name):
+        return require_output(stack, name, spec.stack)
+
+    image, role = need(outputs.TRAINING_IMAGE_URI), need(outputs.TRAINING_ROLE_ARN)
+    fs_id, bucket = need(outputs.FILE_SYSTEM_ID), need(outputs.BUCKET_NAME)
+    subnets = [s.strip() for s in need(outputs.PRIVATE_SUBNET_IDS).split(",") if s.strip()]
+    security_group = need(outputs.TRAINING_SECURITY_GROUP_ID)
+    if not fs_id.startswith("fs-"):
+        raise LaunchError(f"output {outputs.FILE_SYSTEM_ID}={fs_id!r} of {spec.stack} is not an EFS id (fs-...)")
+    if not subnets or not all(s.startswith("subnet-") for s in subnets):
+        raise LaunchError(f"output {outputs.PRIVATE_SUBNET_IDS}={subnets!r} of {spec.stack} is not a list of subnet ids")
+    if not security_group.startswith("sg-"):
+        raise LaunchError(f"output {outputs.TRAINING_SECURITY_GROUP_ID}={security_group!r} is not a security group id")
+    spec = resolve(spec, stack)
+    check_hyperparameters(spec.hyperparameters)
+
+    environment = dict(spec.environment)
+    if spec.run_name:
+        environment[RUN_NAME_ENV] = spec.run_name
+    stopping = StoppingCondition(max_runtime_in_seconds=spec.max_run_seconds)
+    if spec.spot:
+        stopping = StoppingCondition(max_runtime_in_seconds=spec.max_run_seconds,
+                                     max_wait_time_in_seconds=spec.max_wait_seconds or 2 * spec.max_run_seconds)
+    trainer = ModelTrainer(
+        sagemaker_session=Session(boto_session=session),
+        role=role,
+        training_image=image,
+        base_job_name=spec.base_job_name,
+        compute=Compute(instance_type=spec.instance_type, instance_count=spec.instance_count,
+                        volume_size_in_gb=spec.volume_size_gb, enable_managed_spot_training=spec.spot or None),
+        networking=Networking(subnets=subnets, security_group_ids=[security_group]),
+        stopping_condition=stopping,
+        output_data_config=OutputDataConfig(s3_output_path=f"s3://{bucket}/{spec.output_prefix.strip('/')}"),
+        input_data_config=[
+            InputData(channel_name="train", data_source=FileSystemDataSource(
+                file_system_id=fs_id, file_system_type="EFS", file_system_access_mode="ro",
+                directory_path=spec.train_path)),
+            InputData(channel_name="log", data_source=FileSystemDataSource(
+                file_system_id=fs_id, file_system_type="EFS", file_system_access_mode="rw",
+                directory_path=spec.log_path)),
+        ],
+        hyperparameters={k: str(v) for k, v in spec.hyperparameters.items()},
+        environment=environment or None,
+    ).with_metric_definitions([MetricDefinition(name=m["Name"], regex=m["Regex"]) for m in METRIC_DEFINITIONS])
+    if spec.spot:
+        # SageMaker copies /opt/ml/checkpoints to S3 and back after a spot interruption.
+        trainer = trainer.with_checkpoint_config(CheckpointConfig(
+            s3_uri=f"s3://{bucket}/maskrcnn/checkpoints/{spec.run_name or spec.base_job_name}",
+            local_path=CHECKPOINT_LOCAL_PATH))
+    return trainer, spec
+
+
+def start_job(spec: JobSpec, *, session: boto3.session.Session | None = None, dry_run: bool = False,
+              wait: bool = False) -> dict[str, Any]:
+    """Create the training job (or with ``dry_run`` only build it); returns the CreateTrainingJob request."""
+    session = session or make_session()
+    trainer, spec = build_trainer(session, spec)
+    request = trainer._create_training_job_args(boto3=True)  # the exact API request, for --dry-run and the notebook
+    if dry_run:
+        return request
+    # ModelTrainer names the job again inside train(); use that name.
+    trainer.train(wait=wait, logs=wait)
+    job = trainer._latest_training_job
+    request["TrainingJobName"] = job.training_job_name if job is not None else request["TrainingJobName"]
+    return request
+
+
+def describe_job(name: str, session: boto3.session.Session | None = None) -> dict[str, Any]:
+    session = session or make_session()
+    sm = session.client("sagemaker")
+    try:
+        d = sm.describe_training_job(TrainingJobName=name)
+    except sm.exceptions.ClientError as err:
+        if "ValidationException" in str(err) or "not found" in str(err).lower():
+            raise LaunchError(f"no training job named {name!r} in {session.region_name}: "
+                              f"list them with `aws sagemaker list-training-jobs`") from None
+        raise
+    keep = ("TrainingJobName", "TrainingJobStatus", "SecondaryStatus", "FailureReason", "CreationTime",
+            "TrainingStartTime", "TrainingEndTime", "BillableTimeInSeconds", "ModelArtifacts", "FinalMetricDataList")
+    return {k: d[k] for k in keep if k in d}
+
+
+def stop_job(name: str, session: boto3.session.Session | None = None) -> None:
+    session = session or make_session()
+    describe_job(name, session)  # a clear error for a wrong name
+    session.client("sagemaker").stop_training_job(TrainingJobName=name)
+
+
+def follow_logs(name: str, session: boto3.session.Session | None = None) -> str:
+    """Print the job's CloudWatch log streams until it ends; returns the final status."""
+    from sagemaker.core.resources import TrainingJob
+
+    session = session or make_session()
+    describe_job(name, session)
+    job = TrainingJob.get(training_job_name=name, session=session, region=session.region_name)
+    try:
+        job.wait(logs=True)
+    except Exception as err:  # FailedStatusError carries the failure reason; report, don't trace back
+        if type(err).__name__ != "FailedStatusError":
+            raise
+    job.refresh()
+    return job.training_job_status
+
+
+def _hyperparameters(pairs: list[str], json_file: str | None) -> dict[str, str]:
+    hps: dict[str, str] = {}
+    if json_file:
+        from training.hparams import load_hyperparameters_json
+        hps.update({k: str(v) for k, v in load_hyperparameters_json(json_file).items()})
+    for pair in pairs or []:
+        name, sep, value = pair.partition("=")
+        if not sep or not name:
+            raise LaunchError(f"hyperparameter {pair!r} must be NAME=VALUE, e.g. -H batch_size_per_gpu=4 "
+                              f"or -H config:TRAIN.GRADIENT_CLIP=1.5")
+        hps[name] = value
+    return hps
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m launch.sagemaker.launcher", description=__doc__.splitlines()[0])
+    p.add_argument("--region")
+    sub = p.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("start", help="start a training job")
+    s.add_argument("--stack", default=outputs.SAGEMAKER_STACK)
+    s.add_argument("--job-name", default="maskrcnn", help="base name; SageMaker's job name adds a timestamp")
+    s.add_argument("--instance-type")
+    s.add_argument("--instance-count", type=int)
+    s.add_argument("--volume-size", type=int, help="GB of EBS per instance")
+    s.add_argument("--max-run", type=int, help="seconds")
+    s.add_argument("--spot", action="store_true", help="managed spot training, with checkpoints synced to S3")
+    s.add_argument("--max-wait", type=int, help="seconds (spot: time waiting for capacity + running)")
+    s.add_argument("--train-path", default=TRAIN_CHANNEL_PATH, help="COCO directory on EFS (train channel, read-only)")
+    s.add_argument("--log-path", default=LOG_CHANNEL_PATH, help="log directory on EFS (log channel, read-write)")
+    s.add_argument("--run-name", help="log subdirectory (default: the job name); reuse one to resume that run")
+    s.add_argument("-H", "--hyperparameter", action="append", metavar="NAME=VALUE",
+                   help="seed 002's names (mode_mask, batch_size_per_gpu, ...) or config:KEY")
+    s.add_argument("--hyperparameters-json", help="JSON object of hyperparameters")
+    s.add_argument("--wait", action="store_true", help="wait for the job and print its logs")
+    s.add_argument("--dry-run", action="store_true", help="print the CreateTrainingJob request; send nothing")
+    for name, text in (("describe", "status, failure reason, final metrics"), ("stop", "stop a running job"),
+                       ("logs", "follow a job's logs until it ends")):
+        c = sub.add_parser(name, help=text)
+        c.add_argument("job")
+    a = p.parse_args(argv)
+    try:
+        session = make_session(a.region)
+        if a.command == "start":
+            spec = JobSpec(stack=a.stack, base_job_name=a.job_name, instance_type=a.instance_type,
+                           instance_count=a.instance_count, volume_size_gb=a.volume_size, max_run_seconds=a.max_run,
+                           hyperparameters=_hyperparameters(a.hyperparameter, a.hyperparameters_json),
+                           train_path=a.train_path, log_path=a.log_path, run_name=a.run_name, spot=a.spot,
+                           max_wait_seconds=a.max_wait)
+            request = start_job(spec, session=session, dry_run=a.dry_run, wait=a.wait)
+            if a.dry_run:
+                print(json.dumps(request, indent=2, default=str))
+            else:
+                print(f"started {request['TrainingJobName']}\n  follow: python -m launch.sagemaker.launcher logs "
+                      f"{request['TrainingJobName']}")
+        elif a.command == "describe":
+            print(json.dumps(describe_job(a.job, session), indent=2, default=str))
+        elif a.command == "stop":
+            stop_job(a.job, session)
+            print(f"stopping {a.job}")
+        else:
+            status = follow_logs(a.job, session)
+            print(f"{a.job}: {status}")
+            return 0 if status == "Completed" else 1
+    except LaunchError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,167 @@
+"""The SageMaker launcher against a moto server: the CreateTrainingJob request that reaches it."""
+import json
+
+import boto3
+import botocore.exceptions
+import pytest
+
+from infra import outputs
+from launch.aws import LaunchError
+from launch.sagemaker import launcher
+from launch.sagemaker.launcher import JobSpec
+from training.metrics import METRIC_DEFINITIONS
+
+FS_ID = "fs-0123456789abcdef0"   # today's EFS ids: fs- + 17 hex characters
+STACK_OUTPUTS = {
+    outputs.TRAINING_IMAGE_URI: "123456789012.dkr.ecr.us-east-1.amazonaws.com/cdk-hnb659fds-container-assets:abc",
+    outputs.TRAINING_ROLE_ARN: "arn:aws:iam::123456789012:role/SageMakerTrainingRole",
+    outputs.FILE_SYSTEM_ID: FS_ID,
+    outputs.BUCKET_NAME: "maskrcnn-data-bucket",
+    outputs.PRIVATE_SUBNET_IDS: "subnet-0aaa1111bbbb2222c,subnet-0ddd3333eeee4444f",
+    outputs.TRAINING_SECURITY_GROUP_ID: "sg-0123456789abcdef0",
+}
+
+
+@pytest.fixture
+def sagemaker_env(aws_env, tmp_path, monkeypatch):
+    """moto plus the SDK settings that keep it local: no IAM role simulation, no telemetry."""
+    config = tmp_path / "sagemaker-config.yaml"
+    config.write_text("SchemaVersion: '1.0'\nSageMaker:\n  PythonSDK:\n    Modules:\n      TelemetryOptOut: true\n")
+    monkeypatch.setenv("SAGEMAKER_USER_CONFIG_OVERRIDE", str(config))
+    monkeypatch.setenv("SAGEMAKER_VALIDATE_ROLE", "false")
+    return aws_env
+
+
+def _deploy_stack(session, name=outputs.SAGEMAKER_STACK, values=STACK_OUTPUTS):
+    template = {"Resources": {"Placeholder": {"Type": "AWS::SNS::Topic"}},
+                "Outputs": {k: {"Value": v} for k, v in values.items()}}
+    session.client("cloudformation").create_stack(StackName=name, TemplateBody=json.dumps(template))
+
+
+def _capture_create_requests(session):
+    """Bodies of CreateTrainingJob requests as they leave botocore for the server."""
+    seen = []
+
+    def hook(request, **kwargs):
+        if request.headers.get("X-Amz-Target", b"").endswith(b"CreateTrainingJob"):
+            seen.append(json.loads(request.body))
+
+    session.events.register("before-send.sagemaker.CreateTrainingJob", hook)
+    return seen
+
+
+def test_start_sends_the_full_request(sagemaker_env):
+    session = boto3.session.Session()
+    _deploy_stack(session)
+    sent = _capture_create_requests(session)
+    spec = JobSpec(instance_type="ml.p4d.24xlarge", instance_count=4, volume_size_gb=100, max_run_seconds=400000,
+                   hyperparameters={"mode_mask": "True", "batch_size_per_gpu": "4",
+                                    "config:TRAIN.GRADIENT_CLIP": "1.5"})
+    result = launcher.start_job(spec, session=session)
+    assert len(sent) == 1
+    body = sent[0]
+    assert body["TrainingJobName"] == result["TrainingJobName"]
+    assert body["TrainingJobName"].startswith("maskrcnn-")
+    assert body["AlgorithmSpecification"]["TrainingImage"] == STACK_OUTPUTS[outputs.TRAINING_IMAGE_URI]
+    assert body["AlgorithmSpecification"]["TrainingInputMode"] == "File"
+    assert body["AlgorithmSpecification"]["MetricDefinitions"] == METRIC_DEFINITIONS
+    assert len(body["AlgorithmSpecification"]["MetricDefinitions"]) == 22
+    assert body["RoleArn"] == STACK_OUTPUTS[outputs.TRAINING_ROLE_ARN]
+    assert body["ResourceConfig"] == {"InstanceType": "ml.p4d.24xlarge", "InstanceCount": 4, "VolumeSizeInGB": 100}
+    assert body["StoppingCondition"] == {"MaxRuntimeInSeconds": 400000}
+    assert body["VpcConfig"] == {"SecurityGroupIds": ["sg-0123456789abcdef0"],
+                                 "Subnets": ["subnet-0aaa1111bbbb2222c", "subnet-0ddd3333eeee4444f"]}
+    assert body["OutputDataConfig"]["S3OutputPath"] == "s3://maskrcnn-data-bucket/maskrcnn/output"
+    assert body["HyperParameters"] == {"mode_mask": "True", "batch_size_per_gpu": "4",
+                                       "config:TRAIN.GRADIENT_CLIP": "1.5"}
+    channels = {c["ChannelName"]: c["DataSource"]["FileSystemDataSource"] for c in body["InputDataConfig"]}
+    assert channels == {
+        "train": {"FileSystemId": FS_ID, "FileSystemAccessMode": "ro", "FileSystemType": "EFS",
+                  "DirectoryPath": "/data/coco"},
+        "log": {"FileSystemId": FS_ID, "FileSystemAccessMode": "rw", "FileSystemType": "EFS",
+                "DirectoryPath": "/logs"},
+    }
+    assert "EnableManagedSpotTraining" not in body or body["EnableManagedSpotTraining"] is False
+    assert "CheckpointConfig" not in body
+    # moto recorded the job: describe works through the companion command.
+    assert launcher.describe_job(body["TrainingJobName"], session)["TrainingJobName"] == body["TrainingJobName"]
+
+
+def test_spot_adds_checkpoints_and_max_wait(sagemaker_env):
+    session = boto3.session.Session()
+    _deploy_stack(session)
+    sent = _capture_create_requests(session)
+    launcher.start_job(JobSpec(spot=True, run_name="coco-24ep", max_run_seconds=3600), session=session)
+    body = sent[0]
+    assert body["EnableManagedSpotTraining"] is True
+    assert body["StoppingCondition"] == {"MaxRuntimeInSeconds": 3600, "MaxWaitTimeInSeconds": 7200}
+    assert body["CheckpointConfig"] == {"S3Uri": "s3://maskrcnn-data-bucket/maskrcnn/checkpoints/coco-24ep",
+                                        "LocalPath": "/opt/ml/checkpoints"}
+    assert body["Environment"] == {launcher.RUN_NAME_ENV: "coco-24ep"}
+    # Defaults where neither the user nor the stack says otherwise.
+    assert body["ResourceConfig"] == {"InstanceType": launcher.DEFAULT_INSTANCE_TYPE, "InstanceCount": 1,
+                                      "VolumeSizeInGB": 100}
+
+
+def test_dry_run_prints_the_request_and_sends_nothing(sagemaker_env, capsys):
+    session = boto3.session.Session()
+    _deploy_stack(session)
+    assert launcher.main(["start", "--dry-run", "--instance-count", "2", "-H", "batch_norm=GN"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["ResourceConfig"]["InstanceCount"] == 2
+    assert printed["HyperParameters"] == {"batch_norm": "GN"}
+    assert printed["InputDataConfig"][0]["DataSource"]["FileSystemDataSource"]["FileSystemId"] == FS_ID
+    assert session.client("sagemaker").list_training_jobs()["TrainingJobSummaries"] == []
+
+
+@pytest.mark.parametrize("args, message", [
+    (["-H", "batch_norm=BatchNorm"], "batch_norm"),
+    (["-H", "no_such_thing=1"], "unknown hyperparameter 'no_such_thing'"),
+    (["-H", "novalue"], "must be NAME=VALUE"),
+    (["--instance-type", "p4d.24xlarge"], "not a SageMaker type"),
+    (["--train-path", "data/coco"], "absolute path on the EFS file system"),
+    (["--stack", "NoSuchStack"], "stack 'NoSuchStack' does not exist"),
+])
+def test_bad_input_is_refused_before_anything_is_sent(sagemaker_env, capsys, args, message):
+    session = boto3.session.Session()
+    _deploy_stack(session)
+    assert launcher.main(["start", "--dry-run", *args]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_missing_output_and_wrong_ids_are_named(sagemaker_env):
+    session = boto3.session.Session()
+    partial = {k: v for k, v in STACK_OUTPUTS.items() if k != outputs.TRAINING_SECURITY_GROUP_ID}
+    _deploy_stack(session, "OldStack", partial)
+    with pytest.raises(LaunchError, match=f"has no output '{outputs.TRAINING_SECURITY_GROUP_ID}'"):
+        launcher.start_job(JobSpec(stack="OldStack"), session=session, dry_run=True)
+    _deploy_stack(session, "WrongStack", {**STACK_OUTPUTS, outputs.FILE_SYSTEM_ID: "vol-123"})
+    with pytest.raises(LaunchError, match="is not an EFS id"):
+        launcher.start_job(JobSpec(stack="WrongStack"), session=session, dry_run=True)
+
+
+def test_companion_commands(sagemaker_env, capsys, monkeypatch):
+    session = boto3.session.Session()
+    _deploy_stack(session)
+    name = launcher.start_job(JobSpec(), session=session)["TrainingJobName"]
+    assert launcher.main(["describe", name]) == 0
+    assert json.loads(capsys.readouterr().out)["TrainingJobName"] == name
+    # moto reports every job Completed at once, so following its logs ends at once.
+    assert launcher.main(["logs", name]) == 0
+    assert capsys.readouterr().out.strip().endswith(f"{name}: Completed")
+    assert launcher.main(["describe", "no-such-job"]) == 2
+    assert "no training job named 'no-such-job'" in capsys.readouterr().err
+    assert launcher.main(["stop", "no-such-job"]) == 2
+
+
+def test_stop_sends_the_job_name(sagemaker_env, monkeypatch):
+    """moto has no StopTrainingJob: check the request that reaches it, then its not-implemented answer."""
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
+    session = boto3.session.Session()
+    _deploy_stack(session)
+    name = launcher.start_job(JobSpec(), session=session)["TrainingJobName"]
+    sent = []
+    session.events.register("before-send.sagemaker.StopTrainingJob", lambda request, **kw: sent.append(request.body))
+    with pytest.raises(botocore.exceptions.ClientError):
+        launcher.stop_job(name, session)
+    assert [json.loads(b) for b in sent] == [{"TrainingJobName": name}]
