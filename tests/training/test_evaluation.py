@@ -120,7 +120,10 @@ GATHER_SCRIPT = textwrap.dedent("""
     local = [{"image_id": rank * 10 + i, "rank": rank} for i in range(rank + 2)]
     eager = gather_detections(local)
     everywhere = gather_detections(local, root_only=False)
-    with tf.Graph().as_default():   # as inside tensorpack's finalized training graph
+    training_graph = tf.Graph()
+    with training_graph.as_default():   # as inside tensorpack's finalized training graph
+        tf.compat.v1.placeholder(tf.float32, [None])
+        training_graph.finalize()
         graph = gather_detections(local)
     print("RESULT", rank, json.dumps([eager, everywhere, graph]), flush=True)
 """)

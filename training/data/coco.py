@@ -22,7 +22,9 @@ non-crowd polygon instances with no polygon of at least three points.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import io
 import logging
 import os
 from pathlib import Path
@@ -152,8 +154,6 @@ def load_splits(basedir: str | os.PathLike, splits, **kwargs) -> list[CocoSplit]
 
 def _load_coco(ann_file: Path) -> COCO:
     # pycocotools prints progress to stdout; the trainer's log needs no such noise per split.
-    import contextlib
-    import io
     with contextlib.redirect_stdout(io.StringIO()):
         return COCO(str(ann_file))
 
