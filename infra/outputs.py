@@ -21,3 +21,9 @@ NOTEBOOK_NAME = "NotebookInstanceName"
 MASTER_ASG_NAME = "MasterAutoScalingGroupName"
 WORKER_ASG_NAME = "WorkerAutoScalingGroupName"
 CONNECT_COMMAND = "ConnectCommand"
+
+# The stack both stacks above build on: VPC, EFS and bucket (defined once, deployed once).
+NETWORK_STORAGE_STACK = "NetworkStorageStack"
+
+# EfsClusterStack: the master's Elastic IP (public) address.
+MASTER_ADDRESS = "MasterAddress"

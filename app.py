@@ -1,0 +1,66 @@
+#!/usr/bin/env python3
+"""The CDK app: NetworkStorageStack (VPC, EFS, S3), EfsClusterStack and SageMakerStack.
+
+The only place that reads context (cdk.json's defaults merged with `cdk synth -c key=value`).
+A bad value stops synth with a one-line message naming the key, before any construct exists.
+"""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+import aws_cdk as cdk
+from cdk_nag import AwsSolutionsChecks
+
+from infra import outputs
+from infra.config import AppConfig, ConfigError
+from infra.stacks.efs_cluster import EfsClusterStack
+from infra.stacks.network_storage import NetworkStorageStack
+from infra.stacks.sagemaker import SageMakerStack
+
+PROJECT_TAG = ("project", "maskrcnn-on-aws")  # for cost allocation
+
+
+@dataclass(frozen=True)
+class Stacks:
+    shared: NetworkStorageStack
+    efs_cluster: EfsClusterStack
+    sagemaker: SageMakerStack
+
+
+def read_config(app: cdk.App) -> AppConfig:
+    return AppConfig.from_context(app.node.get_all_context())
+
+
+def build(app: cdk.App) -> Stacks:
+    """Adds the three stacks to `app`; raises ConfigError on bad context before adding any."""
+    config = read_config(app)
+    shared = NetworkStorageStack(
+        app, outputs.NETWORK_STORAGE_STACK,
+        existing_file_system_id=config.existing_file_system_id,
+        efs_throughput_mode=config.efs_throughput_mode)
+    stacks = Stacks(
+        shared=shared,
+        efs_cluster=EfsClusterStack(app, outputs.EFS_CLUSTER_STACK, shared=shared, config=config),
+        sagemaker=SageMakerStack(app, outputs.SAGEMAKER_STACK, shared=shared, config=config),
+    )
+    for stack in (stacks.shared, stacks.efs_cluster, stacks.sagemaker):
+        cdk.Tags.of(stack).add(*PROJECT_TAG)
+    # cdk-nag's AWS Solutions pack runs on every synth: an unacknowledged finding fails it.
+    cdk.Validations.of(app).add_plugins(AwsSolutionsChecks(app))
+    return stacks
+
+
+def main() -> int:
+    app = cdk.App()
+    try:
+        build(app)
+    except ConfigError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    app.synth()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

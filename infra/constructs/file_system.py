@@ -1,0 +1,79 @@
+"""The EFS file system both training paths share (COCO staged once serves both), with its mount
+targets in the private subnets and a security group that admits NFS only from named groups."""
+from __future__ import annotations
+
+from aws_cdk import RemovalPolicy
+from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_efs as efs
+from aws_cdk import aws_iam as iam
+from constructs import Construct
+
+NFS_PORT = 2049
+
+_THROUGHPUT_MODES = {
+    # Elastic scales with the workload: bursting mode's credits run out mid-training on a small
+    # file system read by many GPUs (a known failure of the original setup).
+    "elastic": efs.ThroughputMode.ELASTIC,
+    "bursting": efs.ThroughputMode.BURSTING,
+}
+
+
+class SharedFileSystem(Construct):
+    """A new encrypted file system, or an existing one (by id) given mount targets in this VPC.
+
+    An existing file system must not have mount targets in another VPC: EFS allows mount targets
+    in one VPC at a time. Either way the security group starts with no ingress; consumers add
+    their own NFS rule with `allow_nfs_from`, in their own stack.
+    """
+
+    def __init__(self, scope: Construct, id: str, *, vpc: ec2.IVpc,
+                 subnets: list[ec2.ISubnet], throughput_mode: str = "elastic",
+                 existing_file_system_id: str | None = None) -> None:
+        super().__init__(scope, id)
+        self.security_group = ec2.SecurityGroup(
+            self, "SecurityGroup", vpc=vpc, allow_all_outbound=False,
+            description="EFS mount targets: NFS only from the cluster, notebook and training-job "
+                        "security groups")
+        if existing_file_system_id:
+            self.file_system: efs.IFileSystem = efs.FileSystem.from_file_system_attributes(
+                self, "FileSystem", file_system_id=existing_file_system_id,
+                security_group=self.security_group)
+            for index, subnet in enumerate(subnets, start=1):
+                efs.CfnMountTarget(
+                    self, f"MountTarget{index}", file_system_id=existing_file_system_id,
+                    subnet_id=subnet.subnet_id,
+                    security_groups=[self.security_group.security_group_id])
+        else:
+            self.file_system = efs.FileSystem(
+                self, "FileSystem",
+                vpc=vpc, vpc_subnets=ec2.SubnetSelection(subnets=subnets),
+                security_group=self.security_group,
+                encrypted=True,
+                throughput_mode=_THROUGHPUT_MODES[throughput_mode],
+                performance_mode=efs.PerformanceMode.GENERAL_PURPOSE,
+                removal_policy=RemovalPolicy.RETAIN,
+                # SageMaker's EFS data channels and the NFS fallback mount as anonymous NFS
+                # clients; access is controlled at the network level, by the security group.
+                allow_anonymous_access=True,
+            )
+        self.file_system_id: str = self.file_system.file_system_id
+
+    def grant_client_access(self, grantee: iam.IGrantable) -> None:
+        """Mount and write, for clients that mount with IAM authorization (efs-utils `iam`)."""
+        self.file_system.grant(grantee, "elasticfilesystem:ClientMount",
+                               "elasticfilesystem:ClientWrite")
+
+
+def allow_nfs_from(scope: Construct, id: str, *, file_system: SharedFileSystem,
+                   peer: ec2.ISecurityGroup, description: str) -> None:
+    """Admits NFS from `peer` to the file system, declaring the rule in `scope`'s stack.
+
+    The file system lives in another stack than its clients. Adding the rule on the file system's
+    own security group object would put it in that stack, referencing the client's group: a
+    dependency back onto the client's stack, hence a cycle. Importing the group by id here keeps
+    the rule with the client.
+    """
+    group = ec2.SecurityGroup.from_security_group_id(
+        scope, id, file_system.security_group.security_group_id,
+        mutable=True, allow_all_outbound=False)
+    group.add_ingress_rule(peer, ec2.Port.tcp(NFS_PORT), description)

@@ -1,0 +1,34 @@
+"""NetworkStorageStack: what both training paths share and must outlive them. The VPC, the EFS
+file system (COCO staged once serves the EC2 cluster and SageMaker jobs) and the S3 buckets.
+
+`cdk deploy EfsClusterStack` or `cdk deploy SageMakerStack` deploys this stack first (the CLI
+deploys dependencies), so each works on its own; deploying both shares one VPC and one EFS.
+"""
+from __future__ import annotations
+
+from aws_cdk import CfnOutput, Fn, Stack
+from constructs import Construct
+
+from infra import outputs
+from infra.constructs.bucket import DataBucket, LogBucket
+from infra.constructs.file_system import SharedFileSystem
+from infra.constructs.network import Network
+
+
+class NetworkStorageStack(Stack):
+    def __init__(self, scope: Construct, id: str, *, existing_file_system_id: str | None,
+                 efs_throughput_mode: str, **kwargs) -> None:
+        super().__init__(scope, id, description="Mask R-CNN training: shared VPC, EFS and S3 "
+                         "(stateful resources are retained on delete)", **kwargs)
+        self.log_bucket = LogBucket(self, "LogBucket")
+        self.network = Network(self, "Network", flow_log_bucket=self.log_bucket.bucket)
+        self.file_system = SharedFileSystem(
+            self, "FileSystem", vpc=self.network.vpc, subnets=self.network.private_subnets,
+            throughput_mode=efs_throughput_mode, existing_file_system_id=existing_file_system_id)
+        self.data_bucket = DataBucket(self, "DataBucket",
+                                      access_log_bucket=self.log_bucket.bucket)
+
+        CfnOutput(self, outputs.FILE_SYSTEM_ID, value=self.file_system.file_system_id)
+        CfnOutput(self, outputs.BUCKET_NAME, value=self.data_bucket.bucket.bucket_name)
+        CfnOutput(self, outputs.PRIVATE_SUBNET_IDS, value=Fn.join(
+            ",", [s.subnet_id for s in self.network.private_subnets]))

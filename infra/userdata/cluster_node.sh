@@ -1,0 +1,206 @@
+#!/bin/bash
+# Boot script of an EfsClusterStack node (master or worker). cloud-init runs it once, as root, on
+# first boot; the launch template's user data writes /etc/maskrcnn/cluster.env just before it.
+#
+# What it leaves behind (the contract launch/ builds on; docs/infra.md describes it):
+#   /efs                                EFS, mounted now and from /etc/fstab on every reboot
+#   /efs/.maskrcnn/$STACK_NAME/nodes/IP one line "IP slots=GPUS" per node that has booted
+#   /etc/maskrcnn/ssh/                  id_ed25519, id_ed25519.pub, authorized_keys (cluster key)
+#   /etc/maskrcnn/hostfile              "IP slots=GPUS" for the InService nodes, master first
+#   container "maskrcnn"                $TRAINING_IMAGE_URI running `cluster-node` (sshd on
+#                                       $SSH_PORT), restarted by Docker after a reboot
+set -Eeuo pipefail
+exec > >(tee -a /var/log/maskrcnn-boot.log) 2>&1
+
+set -a
+# shellcheck source=/dev/null
+. /etc/maskrcnn/cluster.env
+set +a
+export AWS_DEFAULT_REGION="$AWS_REGION"
+REGISTRY="$EFS_MOUNT/.maskrcnn/$STACK_NAME/nodes"
+KEY_HEADER='-----BEGIN OPENSSH PRIVATE KEY-----'
+
+log() { echo "[maskrcnn-boot $(date -u +%FT%TZ)] $*" >&2; }
+
+retry() {  # retry ATTEMPTS DELAY_SECONDS COMMAND...
+  local attempts=$1 delay=$2 n=1
+  shift 2
+  until "$@"; do
+    if (( n >= attempts )); then
+      log "gave up after $n attempts: $*"
+      return 1
+    fi
+    n=$((n + 1))
+    sleep "$delay"
+  done
+}
+
+imds() {  # IMDSv2: the launch template requires session tokens
+  local token
+  token=$(curl -sf -X PUT http://169.254.169.254/latest/api/token \
+    -H 'X-aws-ec2-metadata-token-ttl-seconds: 300')
+  curl -sf -H "X-aws-ec2-metadata-token: $token" "http://169.254.169.254/latest/meta-data/$1"
+}
+
+signal() {  # report this node's boot result to the auto-scaling group's creation policy
+  aws cloudformation signal-resource --stack-name "$STACK_NAME" \
+    --logical-resource-id "$ASG_LOGICAL_ID" --unique-id "$INSTANCE_ID" --status "$1" || true
+}
+
+INSTANCE_ID=$(retry 10 3 imds instance-id)
+PRIVATE_IP=$(retry 10 3 imds local-ipv4)
+trap 'log "boot failed at line $LINENO"; signal FAILURE' ERR
+
+gpu_count() {
+  nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true
+}
+
+mount_efs() {
+  local line
+  mkdir -p "$EFS_MOUNT"
+  if command -v mount.efs >/dev/null; then
+    line="$FILE_SYSTEM_ID:/ $EFS_MOUNT efs _netdev,tls 0 0"
+  else
+    if ! command -v mount.nfs4 >/dev/null; then
+      retry 5 10 apt-get -qq update && retry 5 10 apt-get -qq install -y nfs-common
+    fi
+    line="$FILE_SYSTEM_ID.efs.$AWS_REGION.amazonaws.com:/ $EFS_MOUNT nfs4"
+    line+=" nfsvers=4.1,rsize=1048576,wsize=1048576,hard,timeo=600,retrans=2,noresvport,_netdev 0 0"
+  fi
+  grep -qs " $EFS_MOUNT " /etc/fstab || echo "$line" >> /etc/fstab
+  # Mount targets and their DNS names can take a few minutes to appear after the stack creates
+  # them.
+  mountpoint -q "$EFS_MOUNT" || retry 60 10 mount "$EFS_MOUNT"
+}
+
+register_node() {
+  mkdir -p "$REGISTRY"
+  echo "$PRIVATE_IP slots=$SLOTS" > "$REGISTRY/.$PRIVATE_IP.tmp"
+  mv "$REGISTRY/.$PRIVATE_IP.tmp" "$REGISTRY/$PRIVATE_IP"
+}
+
+attach_master_address() {
+  retry 10 6 aws ec2 associate-address --allocation-id "$EIP_ALLOCATION_ID" \
+    --instance-id "$INSTANCE_ID" --allow-reassociation >/dev/null
+}
+
+read_cluster_key() {
+  aws secretsmanager get-secret-value --secret-id "$CLUSTER_KEY_SECRET_ARN" \
+    --query SecretString --output text
+}
+
+install_cluster_key() {
+  local dir=/etc/maskrcnn/ssh key waited=0
+  install -d -m 0700 "$dir"
+  key=$(retry 10 6 read_cluster_key)
+  if [[ "$key" != "$KEY_HEADER"* ]]; then
+    if [[ "$ROLE" == master ]]; then
+      # First boot of this cluster: the secret still holds CloudFormation's random placeholder.
+      # A replacement master finds the key already there and reuses it.
+      rm -f "$dir/new" "$dir/new.pub"
+      ssh-keygen -q -t ed25519 -N '' -C "maskrcnn-$STACK_NAME" -f "$dir/new"
+      retry 10 6 aws secretsmanager put-secret-value --secret-id "$CLUSTER_KEY_SECRET_ARN" \
+        --secret-string "file://$dir/new" >/dev/null
+      rm -f "$dir/new" "$dir/new.pub"
+      key=$(retry 10 6 read_cluster_key)
+    else
+      until [[ "$key" == "$KEY_HEADER"* ]]; do
+        if (( waited >= 1800 )); then
+          log "the master has not published the cluster key after 30 minutes"
+          return 1
+        fi
+        sleep 15
+        waited=$((waited + 15))
+        key=$(retry 10 6 read_cluster_key)
+      done
+    fi
+  fi
+  (umask 077 && printf '%s\n' "$key" > "$dir/id_ed25519")
+  ssh-keygen -y -f "$dir/id_ed25519" > "$dir/id_ed25519.pub"
+  # The key is accepted only from inside the VPC, and grants no agent or port forwarding.
+  printf 'from="%s",no-agent-forwarding,no-port-forwarding,no-X11-forwarding %s\n' \
+    "$VPC_CIDR" "$(cat "$dir/id_ed25519.pub")" > "$dir/authorized_keys"
+  chmod 0644 "$dir/id_ed25519.pub"
+  chmod 0600 "$dir/authorized_keys"
+}
+
+ecr_login() {
+  aws ecr get-login-password | docker login --username AWS --password-stdin "${TRAINING_IMAGE_URI%%/*}"
+}
+
+start_container() {
+  local extra=() dev efa=0
+  retry 10 15 ecr_login
+  retry 5 30 docker pull --quiet "$TRAINING_IMAGE_URI"
+  if (( GPUS > 0 )); then
+    extra+=(--gpus all)
+  fi
+  for dev in /dev/infiniband/uverbs*; do  # EFA devices, when the instance has an EFA interface
+    if [[ -e "$dev" ]]; then
+      extra+=(--device "$dev")
+      efa=1
+    fi
+  done
+  if (( efa )); then
+    extra+=(--ulimit memlock=-1:-1)
+  fi
+  docker rm -f maskrcnn >/dev/null 2>&1 || true
+  docker run -d --name maskrcnn --restart unless-stopped "${extra[@]}" \
+    --network host --ipc host \
+    -v "$EFS_MOUNT:$EFS_MOUNT" -v /etc/maskrcnn:/etc/maskrcnn:ro \
+    "$TRAINING_IMAGE_URI" cluster-node
+}
+
+group_field() {  # group_field GROUP_NAME JMESPATH
+  aws autoscaling describe-auto-scaling-groups --auto-scaling-group-names "$1" \
+    --query "AutoScalingGroups[0].$2" --output text
+}
+
+write_hostfile() {  # write_hostfile WAIT_SECONDS: wait up to that long for every node to register
+  local deadline=$((SECONDS + $1)) expected have group desired ids ip
+  local tmp=/etc/maskrcnn/.hostfile.tmp
+  while :; do
+    expected=0
+    have=0
+    : > "$tmp"
+    for group in "$MASTER_ASG_NAME" "$WORKER_ASG_NAME"; do
+      desired=$(group_field "$group" DesiredCapacity)
+      expected=$((expected + desired))
+      ids=$(group_field "$group" 'Instances[?LifecycleState==`InService`].InstanceId')
+      [[ -z "$ids" || "$ids" == None ]] && continue
+      # shellcheck disable=SC2086  # ids is a whitespace-separated list
+      for ip in $(aws ec2 describe-instances --instance-ids $ids \
+                    --query 'Reservations[].Instances[].PrivateIpAddress' --output text \
+                  | tr '\t' '\n' | sort -V); do
+        if [[ -s "$REGISTRY/$ip" ]]; then
+          cat "$REGISTRY/$ip" >> "$tmp"
+          have=$((have + 1))
+        fi
+      done
+    done
+    if (( have >= expected || SECONDS >= deadline )); then
+      break
+    fi
+    sleep 15
+  done
+  mv "$tmp" /etc/maskrcnn/hostfile
+  log "hostfile: $have of $expected nodes"
+}
+
+log "node $INSTANCE_ID ($ROLE) at $PRIVATE_IP"
+GPUS=$(gpu_count)
+SLOTS=$(( GPUS > 0 ? GPUS : 1 ))  # a CPU-only node runs one process
+mount_efs
+register_node
+if [[ "$ROLE" == master ]]; then
+  attach_master_address
+fi
+install_cluster_key
+start_container
+if [[ "$ROLE" == master ]]; then
+  write_hostfile 1200  # workers boot in parallel; launch/ rewrites the hostfile at launch anyway
+else
+  write_hostfile 0
+fi
+signal SUCCESS
+log "ready: $GPUS GPUs, container maskrcnn running"
