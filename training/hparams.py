@@ -29,16 +29,23 @@ RESNET_ARCHS = {"resnet50": [3, 4, 6, 3], "resnet101": [3, 4, 23, 3]}
 
 
 def literal(raw: Any) -> Any:
-    """A Python literal from a SageMaker string; bare words stay strings, true/false are booleans."""
+    """A Python literal from a SageMaker string; bare words stay strings, true/false are booleans.
+
+    A quoted string is unwrapped once more, because some SageMaker SDK paths JSON-encode every
+    value: '"4"' is 4 and '"True"' is True, as "4" and "True" are.
+    """
     if not isinstance(raw, str):
         return raw
     text = raw.strip()
     if text.lower() in ("true", "false"):
         return text.lower() == "true"
     try:
-        return ast.literal_eval(text)
+        value = ast.literal_eval(text)
     except (ValueError, SyntaxError, MemoryError, RecursionError):
         return text
+    if isinstance(value, str) and text[:1] in ("'", '"'):
+        return literal(value)
+    return value
 
 
 def _bool(name: str, raw: Any) -> bool:

@@ -153,3 +153,10 @@ def test_docs_table_lists_every_hyperparameter():
     doc = (Path(__file__).resolve().parents[2] / "docs" / "data.md").read_text()
     for spec in hparams.HYPERPARAMETERS.values():
         assert f"| `{spec.name}` | `{spec.key}` |" in doc, spec.name
+
+
+def test_json_encoded_values_are_unwrapped():
+    import json as _json
+    encoded = {k: _json.dumps(v) for k, v in AWS_SAMPLES_TABLE.items()}   # '"True"', '"4"', ...
+    assert _applied(encoded).to_dict() == _applied(AWS_SAMPLES_TABLE).to_dict()
+    assert _applied({"mode_mask": _json.dumps(False), "eval_period": _json.dumps(2)}).TRAIN.EVAL_PERIOD == 2
