@@ -1,0 +1,383 @@
+"""One small digit classifier, trained unchanged under either distribution strategy.
+
+The environment decides the strategy (``--strategy auto``, the default):
+- a TF_CONFIG with ``ps`` tasks: TensorFlow 2's ParameterServerStrategy. The ``chief`` process
+  schedules steps on the workers with a ClusterCoordinator; each worker applies its gradients to
+  the variables on the parameter servers on its own, without waiting for the others
+  (asynchronous). ``worker`` and ``ps`` processes only serve until the chief is gone.
+- Horovod's variables (set by ``horovodrun`` or ``mpirun``): synchronous data parallelism; every
+  step all-reduces the gradients of all ranks (``hvd.DistributedGradientTape``).
+- neither: one process.
+
+SageMaker script-mode conventions: hyperparameters arrive as ``--name value`` arguments, the data
+channel is SM_CHANNEL_TRAINING (a folder holding ``digits.npz``), and the model plus
+``metrics.json`` go to SM_MODEL_DIR.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+# tf.keras must be Keras 2 (tf-keras): the project's convention, and what Horovod's Keras
+# integration and ParameterServerStrategy were written for. Set before TensorFlow is imported;
+# mpirun on SageMaker does not forward the launcher's environment.
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+if not __package__:
+    # Run as a file (SageMaker's entry_script): make the `script_mode` package importable.
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import socket  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from script_mode import cluster as cl  # noqa: E402
+from script_mode import data as digits_data  # noqa: E402
+
+STRATEGIES = ("auto", "ps", "horovod", "single")
+METRICS_FILE = "metrics.json"
+SAVED_MODEL_DIR = "1"  # a numeric version folder, as TensorFlow Serving expects
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description="Train the digit classifier (script mode).")
+    # Both spellings: SageMaker passes hyperparameter names verbatim (`--batch_size 64`).
+    p.add_argument("--strategy", choices=STRATEGIES, default="auto")
+    p.add_argument("--epochs", type=int, default=4)
+    p.add_argument("--batch-size", "--batch_size", dest="batch_size", type=int, default=64,
+                   help="images per step on each worker / rank")
+    p.add_argument("--learning-rate", "--learning_rate", dest="learning_rate", type=float,
+                   default=2e-3)
+    p.add_argument("--target-accuracy", "--target_accuracy", dest="target_accuracy", type=float,
+                   default=0.9, help="report the training time at which test accuracy reaches this")
+    p.add_argument("--threads", type=int, default=0,
+                   help="TensorFlow threads per process (0: TensorFlow decides)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--model-dir", "--model_dir", dest="model_dir",
+                   default=os.environ.get("SM_MODEL_DIR", "runs/script_mode/model"))
+    p.add_argument("--data-dir", "--data_dir", dest="data_dir",
+                   default=os.environ.get("SM_CHANNEL_TRAINING", "data/script_mode"))
+    p.add_argument("--startup-timeout", "--startup_timeout", dest="startup_timeout", type=float,
+                   default=600.0, help="seconds a worker/ps waits for the chief to appear")
+    a = p.parse_args(argv)
+    for name in ("epochs", "batch_size"):
+        if getattr(a, name) < 1:
+            p.error(f"--{name} must be at least 1, got {getattr(a, name)}")
+    return a
+
+
+# ---------------------------------------------------------------- model, data, evaluation
+
+def build_model() -> tf.keras.Model:
+    """A LeNet-sized CNN: big enough for >95 % on the generated digits, small for 2 CPU cores."""
+    layers = tf.keras.layers
+    return tf.keras.Sequential([
+        layers.Input((digits_data.IMAGE_SIZE, digits_data.IMAGE_SIZE, 1)),
+        layers.Rescaling(1.0 / 255),
+        layers.Conv2D(16, 3, padding="same", activation="relu"),
+        layers.MaxPooling2D(),
+        layers.Conv2D(32, 3, padding="same", activation="relu"),
+        layers.MaxPooling2D(),
+        layers.Flatten(),
+        layers.Dense(64, activation="relu"),
+        layers.Dense(digits_data.NUM_CLASSES),
+    ])
+
+
+def train_dataset(x: np.ndarray, y: np.ndarray, batch_size: int, shard: int, num_shards: int,
+                  seed: int) -> tf.data.Dataset:
+    """This worker's shard of the training set, shuffled, batched and repeated forever."""
+    ds = tf.data.Dataset.from_tensor_slices((x[..., None], y)).shard(num_shards, shard)
+    ds = ds.shuffle(len(x) // num_shards + 1, seed=seed + shard, reshuffle_each_iteration=True)
+    return ds.repeat().batch(batch_size, drop_remainder=True).prefetch(2)
+
+
+def _loss(labels, logits):
+    return tf.keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
+
+
+def test_accuracy(model: tf.keras.Model, x: np.ndarray, y: np.ndarray) -> float:
+    logits = model.predict(x[..., None], batch_size=500, verbose=0)
+    return float(np.mean(np.argmax(logits, axis=1) == y))
+
+
+# ---------------------------------------------------------------- run records
+
+class Recorder:
+    """Times training (evaluation excluded) and keeps the per-epoch test accuracy."""
+
+    def __init__(self, target: float):
+        self.start_wall = time.perf_counter()
+        self.target = target
+        self.train_time = 0.0
+        self.history: list[dict] = []
+        self.time_to_target: float | None = None
+        self._t = None
+
+    def begin_epoch(self):
+        self._t = time.perf_counter()
+
+    def end_epoch(self):
+        self.train_time += time.perf_counter() - self._t
+
+    def epoch_result(self, epoch: int, accuracy: float, images: int):
+        self.history.append({"epoch": epoch, "test_accuracy": round(accuracy, 4),
+                             "train_time_s": round(self.train_time, 3), "images": images})
+        if self.time_to_target is None and accuracy >= self.target:
+            self.time_to_target = self.train_time
+        print(f"epoch {epoch}: test accuracy {accuracy:.4f}, training time {self.train_time:.1f} s",
+              flush=True)
+
+    def metrics(self, **extra) -> dict:
+        images = self.history[-1]["images"] if self.history else 0
+        return {
+            **extra,
+            "test_accuracy": self.history[-1]["test_accuracy"] if self.history else None,
+            "target_accuracy": self.target,
+            "time_to_target_s": None if self.time_to_target is None else round(self.time_to_target, 3),
+            "train_time_s": round(self.train_time, 3),
+            "wall_time_s": round(time.perf_counter() - self.start_wall, 3),
+            "train_images": images,
+            "images_per_s": round(images / self.train_time, 1) if self.train_time else None,
+            "history": self.history,
+        }
+
+
+def write_outputs(model: tf.keras.Model, metrics: dict, model_dir: str) -> None:
+    """Save the model (SavedModel, servable) and metrics.json; the JSON goes in atomically."""
+    out = Path(model_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save(out / SAVED_MODEL_DIR)
+    fd, tmp = tempfile.mkstemp(dir=out, suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        json.dump(metrics, f, indent=2)
+    os.chmod(tmp, 0o644)  # mkstemp makes it owner-only
+    os.replace(tmp, out / METRICS_FILE)
+    print(f"metrics: {json.dumps({k: v for k, v in metrics.items() if k != 'history'})}",
+          flush=True)
+
+
+def _configure_threads(threads: int) -> None:
+    if threads:
+        tf.config.threading.set_intra_op_parallelism_threads(threads)
+        tf.config.threading.set_inter_op_parallelism_threads(threads)
+
+
+# ---------------------------------------------------------------- strategy: parameter server
+
+def _reachable(address: str) -> bool:
+    host, port = address.rsplit(":", 1)
+    try:
+        with socket.create_connection((host, int(port)), timeout=2):
+            return True
+    except OSError:
+        return False
+
+
+def serve(config: dict, args: argparse.Namespace) -> int:
+    """A worker or ps: run a TensorFlow server until the chief has come and gone.
+
+    TF2's workers and parameter servers run no training code of their own; the chief drives them
+    over gRPC. Nothing tells them that training is over, so they watch the chief's port (as
+    SageMaker's toolkit does for its parameter servers).
+    """
+    task = config["task"]
+    proto = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=args.threads,
+                                     inter_op_parallelism_threads=args.threads)
+    server = tf.distribute.Server(tf.train.ClusterSpec(config["cluster"]), job_name=task["type"],
+                                  task_index=task["index"], protocol="grpc", config=proto,
+                                  start=True)
+    del server  # kept alive by the runtime; nothing to call on it
+    chief = config["cluster"][cl.CHIEF][0]
+    print(f"{task['type']} {task['index']} serving; waiting for the chief at {chief}", flush=True)
+    deadline = time.monotonic() + args.startup_timeout
+    while not _reachable(chief):
+        if time.monotonic() > deadline:
+            print(f"error: the chief at {chief} did not start within {args.startup_timeout:.0f} s",
+                  file=sys.stderr, flush=True)
+            return 2
+        time.sleep(1)
+    misses = 0
+    while misses < 3:  # three misses in a row: the chief has exited, not just blinked
+        time.sleep(1)
+        misses = 0 if _reachable(chief) else misses + 1
+    print(f"{task['type']} {task['index']}: chief gone, stopping", flush=True)
+    return 0
+
+
+def train_ps(config: dict, args: argparse.Namespace, digits: digits_data.Digits) -> dict:
+    """The chief: build variables on the ps tasks, schedule steps on the workers, evaluate."""
+    resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+        tf.train.ClusterSpec(config["cluster"]), task_type=cl.CHIEF, task_id=0, rpc_layer="grpc")
+    strategy = tf.distribute.ParameterServerStrategy(resolver)
+    coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+    num_workers = len(config["cluster"][cl.WORKER])
+
+    with strategy.scope():
+        model = build_model()
+        optimizer = tf.keras.optimizers.Adam(args.learning_rate)
+
+    x, y = digits.x_train, digits.y_train
+
+    def per_worker_dataset_fn():
+        # Traced here, run on each worker; its input pipeline id picks its shard of the data.
+        return strategy.distribute_datasets_from_function(
+            lambda ctx: train_dataset(x, y, args.batch_size, ctx.input_pipeline_id,
+                                      ctx.num_input_pipelines, args.seed))
+
+    iterator = iter(coordinator.create_per_worker_dataset(per_worker_dataset_fn))
+
+    @tf.function
+    def train_step(it):
+        def step(images, labels):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean(_loss(labels, model(images, training=True)))
+            grads = tape.gradient(loss, model.trainable_variables)
+            optimizer.apply_gradients(zip(grads, model.trainable_variables))
+            return loss
+        images, labels = next(it)
+        return strategy.run(step, args=(images, labels))
+
+    # One epoch = the training set once, whichever worker takes each step.
+    steps = len(x) // args.batch_size
+    eval_model = build_model()  # a local copy: evaluation must not run through the ps tasks
+    rec = Recorder(args.target_accuracy)
+    for epoch in range(1, args.epochs + 1):
+        rec.begin_epoch()
+        for _ in range(steps):
+            coordinator.schedule(train_step, args=(iterator,))
+        coordinator.join()
+        rec.end_epoch()
+        eval_model.set_weights(model.get_weights())
+        rec.epoch_result(epoch, test_accuracy(eval_model, digits.x_test, digits.y_test),
+                         epoch * steps * args.batch_size)
+    return {"model": eval_model,
+            "metrics": rec.metrics(strategy="ps", workers=num_workers,
+                                   parameter_servers=len(config["cluster"][cl.PS]),
+                                   epochs=args.epochs, batch_size_per_worker=args.batch_size,
+                                   learning_rate=args.learning_rate)}
+
+
+# ---------------------------------------------------------------- strategy: Horovod
+
+def train_horovod(args: argparse.Namespace, digits: digits_data.Digits) -> dict | None:
+    import horovod.tensorflow as hvd
+
+    hvd.init()
+    rank, size = hvd.rank(), hvd.size()
+    model = build_model()
+    optimizer = tf.keras.optimizers.Adam(args.learning_rate)
+    x, y = digits.x_train, digits.y_train
+    iterator = iter(train_dataset(x, y, args.batch_size, rank, size, args.seed))
+
+    @tf.function
+    def train_step(images, labels, first):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(_loss(labels, model(images, training=True)))
+        tape = hvd.DistributedGradientTape(tape)  # averages the gradients of all ranks
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        if first:
+            # Start every rank from rank 0's weights (the optimizer slots exist only now).
+            hvd.broadcast_variables(model.variables, root_rank=0)
+            hvd.broadcast_variables(optimizer.variables(), root_rank=0)
+        return loss
+
+    # Same images per epoch as the ps strategy: the training set once, split over the ranks.
+    steps = len(x) // (args.batch_size * size)
+    rec = Recorder(args.target_accuracy)
+    first = True
+    for epoch in range(1, args.epochs + 1):
+        rec.begin_epoch()
+        for _ in range(steps):
+            images, labels = next(iterator)
+            train_step(images, labels, tf.constant(first))
+            first = False
+        rec.end_epoch()
+        if rank == 0:
+            rec.epoch_result(epoch, test_accuracy(model, digits.x_test, digits.y_test),
+                             epoch * steps * args.batch_size * size)
+    if rank != 0:
+        return None
+    return {"model": model,
+            "metrics": rec.metrics(strategy="horovod", workers=size, parameter_servers=0,
+                                   epochs=args.epochs, batch_size_per_worker=args.batch_size,
+                                   learning_rate=args.learning_rate)}
+
+
+def train_single(args: argparse.Namespace, digits: digits_data.Digits) -> dict:
+    model = build_model()
+    optimizer = tf.keras.optimizers.Adam(args.learning_rate)
+    iterator = iter(train_dataset(digits.x_train, digits.y_train, args.batch_size, 0, 1, args.seed))
+
+    @tf.function
+    def train_step(images, labels):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(_loss(labels, model(images, training=True)))
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+
+    steps = len(digits.x_train) // args.batch_size
+    rec = Recorder(args.target_accuracy)
+    for epoch in range(1, args.epochs + 1):
+        rec.begin_epoch()
+        for _ in range(steps):
+            train_step(*next(iterator))
+        rec.end_epoch()
+        rec.epoch_result(epoch, test_accuracy(model, digits.x_test, digits.y_test),
+                         epoch * steps * args.batch_size)
+    return {"model": model,
+            "metrics": rec.metrics(strategy="single", workers=1, parameter_servers=0,
+                                   epochs=args.epochs, batch_size_per_worker=args.batch_size,
+                                   learning_rate=args.learning_rate)}
+
+
+# ---------------------------------------------------------------- entry point
+
+def detect_strategy(env: dict[str, str] | None = None) -> str:
+    """What the launcher set up: a TF_CONFIG with ps tasks, Horovod's rank variables, or nothing."""
+    env = os.environ if env is None else env
+    if "TF_CONFIG" in env and cl.PS in json.loads(env["TF_CONFIG"]).get("cluster", {}):
+        return "ps"
+    if "HOROVOD_RANK" in env or "OMPI_COMM_WORLD_RANK" in env or "PMI_RANK" in env:
+        return "horovod"
+    return "single"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    strategy = detect_strategy() if args.strategy == "auto" else args.strategy
+    tf.keras.utils.set_random_seed(args.seed)
+    _configure_threads(args.threads)
+
+    if strategy == "ps":
+        if "TF_CONFIG" not in os.environ:
+            raise SystemExit("error: --strategy ps needs TF_CONFIG; start it with "
+                             "`python -m script_mode.local --strategy ps` or on SageMaker")
+        config = cl.normalize(json.loads(os.environ["TF_CONFIG"]))
+        if config["task"]["type"] in (cl.WORKER, cl.PS):
+            return serve(config, args)
+    digits = digits_data.load(args.data_dir)
+    if strategy == "ps":
+        result = train_ps(config, args, digits)
+    elif strategy == "horovod":
+        result = train_horovod(args, digits)
+    else:
+        result = train_single(args, digits)
+    if result is not None:  # Horovod ranks other than 0 write nothing
+        write_outputs(result["model"], result["metrics"], args.model_dir)
+    return 0
+
+
+if __name__ == "__main__":
+    code = main()
+    # Worker/ps processes hold a gRPC server that can keep the interpreter from exiting cleanly.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
