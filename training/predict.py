@@ -1,0 +1,126 @@
+"""Predict with a trained checkpoint and write COCO-format results (boxes, scores, RLE masks).
+
+    python -m training.predict --checkpoint train_log/run1 --split val2017 --output results.json
+    python -m training.predict --checkpoint train_log/run1/model-2500 --images photos/ --output results.json
+
+--checkpoint is a log dir (its latest checkpoint) or a checkpoint prefix; the run's config.json
+next to it rebuilds the model. With --split the image ids and category ids are the dataset's;
+with --images the images are numbered 1.. in file-name order, each result also names its file.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp")
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--checkpoint", required=True, help="log dir or checkpoint prefix (model-STEP)")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--images", help="a folder of images")
+    src.add_argument("--split", help="a split of the dataset under DATA.BASEDIR (e.g. val2017)")
+    p.add_argument("--output", required=True, help="results JSON to write")
+    p.add_argument("--config", nargs="*", default=[], metavar="KEY=VALUE", help="config overrides (e.g. DATA.BASEDIR=...)")
+    return p.parse_args(argv)
+
+
+def resolve_checkpoint(path: str) -> tuple[str, Path]:
+    """``(checkpoint prefix, the run's log dir)``; a clear error when there is none."""
+    from training.callbacks import latest_checkpoint
+    if os.path.isdir(path):
+        ckpt = latest_checkpoint(path)
+        if not ckpt:
+            raise SystemExit(f"error: no checkpoint in {path} (expected a 'checkpoint' file naming model-STEP)")
+        return ckpt, Path(path)
+    if not os.path.exists(path + ".index"):
+        raise SystemExit(f"error: checkpoint {path} not found ({path}.index does not exist)")
+    return path, Path(path).parent
+
+
+def load_run_config(logdir: Path, overrides):
+    """The run's finalized config (config.json), re-finalized for one process on this machine."""
+    from training.callbacks import CONFIG_FILE
+    from training.config import AttrDict, finalize, new_config
+    path = logdir / CONFIG_FILE
+    if not path.exists():
+        raise SystemExit(f"error: {path} is missing: predict needs the config the model was trained with")
+    saved = json.loads(path.read_text())
+    category_ids = {int(k): int(v) for k, v in saved.pop("_category_ids", {}).items()}
+    cfg = new_config()
+
+    def apply(node: AttrDict, values: dict, prefix=""):
+        for key, value in values.items():
+            if isinstance(value, dict):
+                apply(node, value, prefix + key + ".")
+            else:
+                cfg.set_value(prefix + key, value)
+
+    apply(cfg, saved)
+    cfg.set_value("BACKBONE.DATA_FORMAT", "auto")  # the weights do not depend on it: use this machine's best
+    cfg.update_args(overrides)
+    class_names = cfg.DATA.CLASS_NAMES
+    finalize(cfg, num_ranks=1, class_names=class_names)
+    if not category_ids:
+        category_ids = {i: i for i in range(1, len(class_names))}
+    return cfg, category_ids
+
+
+def build_predictor(cfg, checkpoint: str):
+    from training.compat import use_graph_mode
+    use_graph_mode()
+    from tensorpack.predict import OfflinePredictor, PredictConfig
+    from tensorpack.tfutils.sessinit import SmartInit
+    from training.model.generalized_rcnn import INPUT_NAMES_PREDICT, OUTPUT_NAMES, MaskRCNN
+    predictor = OfflinePredictor(PredictConfig(model=MaskRCNN(cfg), session_init=SmartInit(checkpoint),
+                                               input_names=list(INPUT_NAMES_PREDICT), output_names=list(OUTPUT_NAMES)))
+    return lambda images, image_hw: predictor(images, image_hw)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    checkpoint, logdir = resolve_checkpoint(args.checkpoint)
+    cfg, category_ids = load_run_config(logdir, args.config)
+    from training import evaluation
+    from training.callbacks import predict_split
+    from training.data.pipeline import iterate_test_images
+    from training.inference import detect
+    if args.images:
+        folder = Path(args.images)
+        paths = sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES) if folder.is_dir() else []
+        if not paths:
+            print(f"error: no images ({', '.join(IMAGE_SUFFIXES)}) in {folder}", file=sys.stderr)
+            return 2
+    else:
+        from training.data.coco import DatasetError, load_split
+        try:
+            split = load_split(cfg.DATA.BASEDIR, args.split, require_annotations=False)
+        except DatasetError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
+    predict_fn = build_predictor(cfg, checkpoint)
+    if args.images:
+        results = []
+        for idx, image in iterate_test_images(paths, num_workers=cfg.DATA.NUM_WORKERS):
+            det = detect(predict_fn, image, cfg)
+            for r in evaluation.detections_to_coco(idx + 1, det["boxes"], det["scores"], det["labels"], det["masks"],
+                                                   category_ids):
+                r["file_name"] = paths[idx].name
+                results.append(r)
+    else:
+        results = predict_split(predict_fn, split, cfg)
+    out = Path(args.output)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(out.suffix + ".tmp")
+    tmp.write_text(json.dumps(results))
+    os.replace(tmp, out)
+    print(f"wrote {len(results)} detections to {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

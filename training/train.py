@@ -1,0 +1,167 @@
+"""Train Mask R-CNN / Faster R-CNN with Horovod; one process per GPU (or per CPU slot).
+
+    horovodrun -np 2 -H localhost:2 --gloo python -m training.train --logdir train_log/run1 \\
+        --config MODE_MASK=True TRAIN.BATCH_SIZE_PER_GPU=2 ...
+
+Rank 0 logs, writes TensorBoard events and checkpoints into --logdir; a run whose log dir holds
+a checkpoint continues from it at the saved global step. Bad configuration or data stops here,
+before any graph is built.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import multiprocessing
+import os
+import sys
+
+from training.compat import tf, tf1, use_graph_mode
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--logdir", required=True, help="checkpoints, events, logs; resumed from when it has a checkpoint")
+    p.add_argument("--config", nargs="*", default=[], metavar="KEY=VALUE",
+                   help="config overrides (see training/config.py), values as Python literals")
+    p.add_argument("--preset", default="", help="a module in training/configs whose OVERRIDES apply first "
+                                                "(e.g. cpu_synthetic)")
+    return p.parse_args(argv)
+
+
+def build_config(overrides, *, preset: str = ""):
+    from training.config import new_config
+    cfg = new_config()
+    if preset:
+        import importlib
+        cfg.update_args(importlib.import_module(f"training.configs.{preset}").OVERRIDES)
+    cfg.update_args(overrides)
+    return cfg
+
+
+def load_data(cfg):
+    """The training records (all DATA.TRAIN splits) and the first validation split; errors now."""
+    from training.data.coco import load_split, load_splits
+    train = load_splits(cfg.DATA.BASEDIR, cfg.DATA.TRAIN)
+    roidb = [r for split in train for r in split.training_roidb()]
+    val = load_split(cfg.DATA.BASEDIR, cfg.DATA.VAL[0], require_annotations=False)
+    if val.class_names != train[0].class_names:
+        from training.data.coco import DatasetError
+        raise DatasetError(f"validation split {val.name!r} has categories {val.class_names[1:]}, "
+                           f"training has {train[0].class_names[1:]}")
+    return train[0], roidb, val
+
+
+def _broadcast_from_root(hvd, value):
+    """Rank 0's ``value`` on every rank (a tiny graph of its own: the training graph is separate)."""
+    if hvd.size() == 1:
+        return value
+    with tf.Graph().as_default(), tf.device("/cpu:0"):
+        with tf1.Session(config=tf1.ConfigProto(allow_soft_placement=True)) as session:
+            return hvd.broadcast_object(value, root_rank=0, session=session, name="resume_state")
+
+
+def session_config(cfg, local_size: int):
+    from tensorpack.tfutils.sesscreate import NewSessionCreator
+    from tensorpack.tfutils.common import get_default_sess_config
+    conf = get_default_sess_config()
+    threads = max(1, multiprocessing.cpu_count() // max(local_size, 1))
+    conf.intra_op_parallelism_threads = threads  # don't oversubscribe the cores shared by local ranks
+    conf.inter_op_parallelism_threads = threads
+    if cfg.TRAIN.XLA and tf.config.list_physical_devices("GPU"):
+        conf.graph_options.optimizer_options.global_jit_level = tf1.OptimizerOptions.ON_1
+    return NewSessionCreator(config=conf)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    use_graph_mode()
+    import horovod.tensorflow as hvd
+    from tensorpack import QueueInput, TrainConfig, launch_train_with_config, logger as tp_logger
+    from tensorpack.callbacks import (EstimatedTimeLeft, MergeAllSummaries, ModelSaver, MovingAverageSummary,
+                                      PeriodicTrigger, RunUpdateOps)
+    from tensorpack.callbacks.monitor import JSONWriter, TFEventWriter
+    from tensorpack.tfutils.sessinit import SmartInit
+    from tensorpack.train import HorovodTrainer
+
+    from training import callbacks as cb
+    from training.config import ConfigError, finalize
+    from training.data.coco import DatasetError
+    from training.data.pipeline import TrainingBatches
+    from training.model.generalized_rcnn import MaskRCNN
+
+    hvd.init()
+    rank, size = hvd.rank(), hvd.size()
+    logging.basicConfig(level=logging.INFO, format=f"[rank {rank}] %(levelname)s %(name)s: %(message)s")
+    try:
+        cfg = build_config(args.config, preset=args.preset)
+        train_split, roidb, val_split = load_data(cfg)
+        finalize(cfg, num_ranks=size, class_names=train_split.class_names)
+    except (ConfigError, DatasetError) as err:
+        print(f"error: {err}", file=sys.stderr, flush=True)
+        return 2
+    if cfg.TRAIN.MIXED_PRECISION or cfg.TRAIN.XLA:
+        if not tf.config.list_physical_devices("GPU"):
+            print("note: TRAIN.MIXED_PRECISION / TRAIN.XLA apply on GPU only; ignored on this CPU run", flush=True)
+
+    logdir = os.path.abspath(args.logdir)
+    ckpt, step = cb.resume_step(logdir) if rank == 0 else (None, 0)
+    ckpt, step = _broadcast_from_root(hvd, (ckpt, step))
+    spe = cfg.TRAIN.STEPS_PER_EPOCH
+    if step >= cfg.TRAIN.MAX_STEPS:
+        if rank == 0:
+            print(f"{ckpt} is at step {step}, the end of the schedule ({cfg.TRAIN.MAX_STEPS}): nothing to train", flush=True)
+        return 0
+    starting_epoch = step // spe + 1
+    if rank == 0:
+        tp_logger.set_logger_dir(logdir, action="k")
+        with open(os.path.join(logdir, cb.CONFIG_FILE + ".tmp"), "w") as f:
+            json.dump({**cfg.to_dict(), "_category_ids": train_split.contiguous_to_coco_id}, f, indent=1, default=str)
+        os.replace(os.path.join(logdir, cb.CONFIG_FILE + ".tmp"), os.path.join(logdir, cb.CONFIG_FILE))
+        print(f"training on {size} rank(s), {cfg.TRAIN.BATCH_SIZE_PER_GPU} image(s) per rank, "
+              f"{len(roidb)} training images; {cfg.TRAIN.MAX_STEPS} steps = {cfg.TRAIN.MAX_EPOCH} epochs of {spe}; "
+              f"LR {cfg.TRAIN.SCALED_LR:g}" + (f"; resuming from {ckpt} at step {step}" if ckpt else ""), flush=True)
+
+    if ckpt:
+        session_init = SmartInit(ckpt)
+    elif cfg.TRAIN.LOAD_MODEL:
+        session_init = SmartInit(cfg.TRAIN.LOAD_MODEL, ignore_mismatch=True)
+    elif cfg.BACKBONE.WEIGHTS:
+        session_init = SmartInit(cfg.BACKBONE.WEIGHTS, ignore_mismatch=True)
+    else:
+        session_init = None
+
+    tf1.set_random_seed(cfg.TRAIN.SEED + rank)
+    model = MaskRCNN(cfg)
+    data = QueueInput(TrainingBatches(roidb, cfg, seed=cfg.TRAIN.SEED + 7919 * rank))
+    trainer = HorovodTrainer(average=True)
+    global_batch = cfg.TRAIN.BATCH_SIZE_PER_GPU * size
+
+    class _Late(cb.ProgressLogger):
+        """Takes the model's stats after the graph is built (they do not exist before)."""
+        def _setup_graph(self):
+            self._stats = model.stats
+            super()._setup_graph()
+
+    callbacks = [
+        _Late({}, period=cfg.TRAIN.LOG_PERIOD, global_batch=global_batch, max_steps=cfg.TRAIN.MAX_STEPS,
+              steps_per_epoch=spe),
+        PeriodicTrigger(ModelSaver(max_to_keep=3, checkpoint_dir=logdir), every_k_epochs=cfg.TRAIN.CHECKPOINT_PERIOD),
+        cb.COCOEvaluator(cfg, val_split, logdir=logdir if rank == 0 else None, rank=rank, size=size),
+    ]
+    if cfg.TRAIN.MAX_EPOCH % cfg.TRAIN.CHECKPOINT_PERIOD:
+        callbacks.append(PeriodicTrigger(ModelSaver(max_to_keep=3, checkpoint_dir=logdir),
+                                         every_k_epochs=cfg.TRAIN.MAX_EPOCH, before_train=False))
+    config = TrainConfig(
+        model=model, data=data, callbacks=callbacks,
+        extra_callbacks=[MovingAverageSummary(), MergeAllSummaries(period=max(cfg.TRAIN.LOG_PERIOD, 50)),
+                         RunUpdateOps()],
+        monitors=[TFEventWriter(), JSONWriter()],
+        steps_per_epoch=spe, starting_epoch=starting_epoch, max_epoch=cfg.TRAIN.MAX_EPOCH,
+        session_init=session_init, session_creator=session_config(cfg, hvd.local_size()))
+    launch_train_with_config(config, trainer)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
