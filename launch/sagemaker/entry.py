@@ -1,0 +1,235 @@
+"""The training image's SageMaker entry (``docker run IMAGE train``), following the training-container
+contract: hyperparameters and hosts from /opt/ml/input/config, data from the ``train`` channel,
+checkpoints and events in ``<log channel>/<run name>`` (or /opt/ml/checkpoints without a log
+channel), the final model in /opt/ml/model, and on failure the reason in /opt/ml/output/failure and
+a non-zero exit status, so SageMaker reports the job as failed. (A seed sample exited 0 after
+failed training.)
+
+Processes: one per GPU (one per host on CPU; ``sagemaker_mpi_num_of_processes_per_host`` overrides).
+One host runs ``python -m training.train`` directly, or under ``horovodrun`` for several processes.
+Several hosts: the leader (first of the sorted host names) starts mpirun over all hosts, the others
+serve SSH and end when the job ends.
+
+Why sagemaker-training (the maintained toolkit) and what is our own:
+- ``environment.Environment`` parses hyperparameters.json, resourceconfig.json, inputdataconfig.json,
+  channel directories, GPU count and the network interface; ``files`` writes failure/success files.
+- ``mpi.MasterRunner``/``WorkerRunner`` do the multi-host wiring that failed in the seed ("cannot
+  connect to algo-1"): sshd, waiting for every host, mpirun over SageMaker's network interface with
+  the hostname shim, the status handshake that lets workers exit. It runs an entry script from the
+  code directory under ``python -m mpi4py`` (so an uncaught exception aborts every rank instead of
+  hanging them); we write that three-line script, as the toolkit expects user code there.
+- Our own: the SSH key that lets the hosts reach each other. The toolkit expects a key baked into the
+  image; instead the leader creates one per job in the shared log channel (EFS), so no private key
+  ships in the image.
+
+Paths are the toolkit's: /opt/ml, or $SAGEMAKER_BASE_DIR (how the tests fabricate a tree).
+"""
+from __future__ import annotations
+
+import collections
+import os
+import shutil
+import subprocess
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+from launch.cluster.launch_command import horovod_env
+
+RUN_NAME_ENV = "MASKRCNN_RUN_NAME"      # set by the launcher's --run-name
+RANK_SCRIPT = "maskrcnn_rank.py"
+PROCESSES_PER_HOST_PARAM = "sagemaker_mpi_num_of_processes_per_host"
+SSH_DIR = Path("/root/.ssh")
+KEY_WAIT_SECONDS = 15 * 60
+
+
+class JobError(RuntimeError):
+    """The job cannot run as configured; the message is the failure reason SageMaker shows."""
+
+
+@dataclass
+class Job:
+    train_dir: str
+    logdir: str
+    model_dir: str
+    overrides: list[str]
+    hosts: list[str]
+    current_host: str
+    processes_per_host: int
+    network_interface: str
+    instance_type: str
+
+    @property
+    def leader(self) -> str:
+        return sorted(self.hosts)[0]
+
+    @property
+    def is_leader(self) -> bool:
+        return self.current_host == self.leader
+
+
+def plan(env) -> Job:
+    """Check the job's inputs and decide paths and process counts, before anything starts."""
+    from training.config import ConfigError
+    from training.hparams import FILE_HYPERPARAMETERS, resolve_data_file, to_overrides
+
+    channels = env.channel_input_dirs
+    if "train" not in channels:
+        raise JobError(f"no 'train' channel (channels: {sorted(channels) or 'none'}): give the job a train "
+                       f"channel with the COCO directory, e.g. the EFS path /data/coco")
+    train_dir = channels["train"]
+    if not os.path.isdir(train_dir):
+        raise JobError(f"train channel directory {train_dir} does not exist")
+    hps = dict(env.hyperparameters)
+    for name in FILE_HYPERPARAMETERS:
+        if name in hps and isinstance(hps[name], str):
+            hps[name] = resolve_data_file(hps[name], train_dir)
+    try:
+        overrides = [f"DATA.BASEDIR={train_dir!r}", *to_overrides(hps)]
+    except ConfigError as err:
+        raise JobError(f"bad hyperparameters: {err}") from None
+
+    run_name = os.environ.get(RUN_NAME_ENV) or os.environ.get("TRAINING_JOB_NAME") or "maskrcnn"
+    if "log" in channels:
+        logdir = os.path.join(channels["log"], run_name)
+    else:
+        # SageMaker syncs this directory with the job's S3 checkpoint location (spot restarts).
+        from sagemaker_training import environment
+        logdir = os.path.join(os.path.dirname(environment.model_dir), "checkpoints")
+    per_host = env.additional_framework_parameters.get(PROCESSES_PER_HOST_PARAM)
+    processes = int(per_host) if per_host else (int(env.num_gpus) or 1)
+    return Job(train_dir=train_dir, logdir=logdir, model_dir=env.model_dir, overrides=overrides,
+               hosts=list(env.hosts), current_host=env.current_host, processes_per_host=processes,
+               network_interface=env.network_interface_name, instance_type=env.current_instance_type)
+
+
+def train_args(job: Job) -> list[str]:
+    return ["--logdir", job.logdir, "--config", *job.overrides]
+
+
+def _run_streaming(cmd: list[str]) -> tuple[int, list[str]]:
+    """Run ``cmd``, passing its output through (CloudWatch, metric regexes); keep the last lines."""
+    tail = collections.deque(maxlen=30)
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1) as proc:
+        for line in proc.stdout:
+            sys.stdout.write(line)
+            sys.stdout.flush()
+            tail.append(line.rstrip())
+    return proc.returncode, list(tail)
+
+
+def run_single_host(job: Job) -> None:
+    os.environ.update(horovod_env(efa=False))
+    train = [sys.executable, "-m", "training.train", *train_args(job)]
+    if job.processes_per_host > 1:
+        n = job.processes_per_host
+        train = ["horovodrun", "-np", str(n), "-H", f"localhost:{n}", *train]
+    rc, tail = _run_streaming(train)
+    if rc != 0:
+        # SageMaker shows the first 1024 characters as FailureReason: the error line first.
+        errors = [line for line in tail if "error" in line.lower()]
+        headline = errors[-1] if errors else (tail[-1] if tail else "no output")
+        raise JobError(f"training exited with status {rc}: {headline}\n\nlast output:\n" + "\n".join(tail))
+
+
+def _shared_ssh_key(job: Job) -> None:
+    """Install this job's SSH key for root: the leader creates it on the shared log channel, the
+    other hosts wait for it. Host keys are generated here too (none ship in the image)."""
+    shared = Path(job.logdir).parent / ".ssh" / (os.environ.get("TRAINING_JOB_NAME") or "job")
+    key = shared / "id_rsa"
+    if job.is_leader and not key.exists():
+        shared.mkdir(parents=True, exist_ok=True)
+        tmp = shared / "tmp_id_rsa"
+        for p in (tmp, Path(str(tmp) + ".pub")):
+            p.unlink(missing_ok=True)
+        subprocess.run(["ssh-keygen", "-q", "-t", "rsa", "-b", "3072", "-N", "", "-f", str(tmp)], check=True)
+        os.replace(str(tmp) + ".pub", str(key) + ".pub")
+        os.replace(tmp, key)   # last: its presence means the pair is complete
+    deadline = time.time() + KEY_WAIT_SECONDS
+    while not key.exists():
+        if time.time() > deadline:
+            raise JobError(f"the leader {job.leader} did not publish the job's SSH key in {shared}")
+        time.sleep(2)
+    SSH_DIR.mkdir(mode=0o700, exist_ok=True)
+    shutil.copyfile(key, SSH_DIR / "id_rsa")
+    os.chmod(SSH_DIR / "id_rsa", 0o600)
+    shutil.copyfile(str(key) + ".pub", SSH_DIR / "authorized_keys")
+    (SSH_DIR / "config").write_text("Host *\n  StrictHostKeyChecking no\n  UserKnownHostsFile /dev/null\n")
+    subprocess.run(["ssh-keygen", "-A"], check=True)
+    Path("/run/sshd").mkdir(exist_ok=True)
+
+
+def run_multi_host(job: Job) -> None:
+    from sagemaker_training import environment, errors, mpi
+
+    if "/input/data/log/" not in job.logdir + "/":
+        raise JobError("a multi-host job needs the 'log' channel (EFS, read-write): the hosts share the job's "
+                       "SSH key and the checkpoints there")
+    _shared_ssh_key(job)
+    env_vars = horovod_env(efa=False)
+    os.environ.update(env_vars)
+    if job.is_leader:
+        Path(environment.code_dir).mkdir(parents=True, exist_ok=True)
+        (Path(environment.code_dir) / RANK_SCRIPT).write_text(
+            "import runpy\nrunpy.run_module('training.train', run_name='__main__', alter_sys=True)\n")
+        runner = mpi.MasterRunner(RANK_SCRIPT, train_args(job), env_vars, job.processes_per_host, job.leader,
+                                  sorted(job.hosts), "", job.network_interface, instance_type=job.instance_type)
+        try:
+            runner.run(wait=True, capture_error=True)
+        except errors.ExecuteUserScriptError as err:
+            raise JobError(f"training failed on the cluster: {err}") from None
+    else:
+        mpi.WorkerRunner(RANK_SCRIPT, train_args(job), env_vars, job.processes_per_host, job.leader,
+                         job.current_host).run(wait=True)
+
+
+def export_model(logdir: str, model_dir: str) -> list[str]:
+    """Copy the latest checkpoint (and the run's config) into ``model_dir``, which SageMaker uploads."""
+    from training.callbacks import CONFIG_FILE, latest_checkpoint
+
+    ckpt = latest_checkpoint(logdir)
+    if ckpt is None:
+        raise JobError(f"training ended without a checkpoint in {logdir}")
+    os.makedirs(model_dir, exist_ok=True)
+    copied = []
+    prefix = os.path.basename(ckpt)
+    for name in sorted(os.listdir(os.path.dirname(ckpt))):
+        if name.startswith(prefix + ".") or name == CONFIG_FILE:
+            shutil.copy2(os.path.join(os.path.dirname(ckpt), name), os.path.join(model_dir, name))
+            copied.append(name)
+    Path(model_dir, "checkpoint").write_text(
+        f'model_checkpoint_path: "{prefix}"\nall_model_checkpoint_paths: "{prefix}"\n')
+    return copied + ["checkpoint"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    from sagemaker_training import environment, files
+
+    status = 1
+    try:
+        job = plan(environment.Environment())
+        print(f"[entry] host {job.current_host} of {sorted(job.hosts)}, {job.processes_per_host} process(es) "
+              f"per host; data {job.train_dir}; logdir {job.logdir}", flush=True)
+        if len(job.hosts) > 1:
+            run_multi_host(job)
+        else:
+            run_single_host(job)
+        if job.is_leader:
+            exported = export_model(job.logdir, job.model_dir)
+            print(f"[entry] model in {job.model_dir}: {', '.join(exported)}", flush=True)
+        files.write_success_file()
+        return 0
+    except JobError as err:
+        reason = str(err)
+    except Exception:  # anything else is a bug or an environment problem: keep its traceback
+        reason = "entry failed:\n" + traceback.format_exc()
+    os.makedirs(environment.output_dir, exist_ok=True)
+    files.write_failure_file(reason[:10000])  # SageMaker shows the start of this file; keep it bounded
+    print(f"[entry] FAILED: {reason}", file=sys.stderr, flush=True)
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
