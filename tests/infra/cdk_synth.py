@@ -1,0 +1,71 @@
+"""Helpers for the CDK app's tests: cdk.json's context, the real app.py, and synthesis into a
+directory with the templates read back (fixtures in conftest.py synthesize once per session)."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+# A configuration that exercises every optional path: SSH from a CIDR with a key pair, EFA on a
+# p4d, an existing file system, bursting throughput, several workers.
+VARIANT_CONTEXT = {
+    "instance_type": "p4d.24xlarge",
+    "efa": "true",              # as `-c efa=true` passes it: a string
+    "worker_count": "3",
+    "ebs_volume_size_gib": 500,
+    "ssh_cidr": "203.0.113.0/24",
+    "key_pair_name": "research-key",
+    "existing_file_system_id": "fs-0123456789abcdef0",
+    "efs_throughput_mode": "bursting",
+}
+
+
+def cdk_json_context() -> dict[str, Any]:
+    """cdk.json's context, as the CDK CLI passes it (aws_cdk.App() does not read cdk.json)."""
+    return json.loads((REPO_ROOT / "cdk.json").read_text())["context"]
+
+
+def load_app_module() -> ModuleType:
+    """The real app.py at the repository root (not a package, so loaded by path)."""
+    name = "maskrcnn_cdk_app"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, REPO_ROOT / "app.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look the module up while the class is built
+    spec.loader.exec_module(module)
+    return module
+
+
+@dataclass
+class Synthesized:
+    context: dict[str, Any]
+    outdir: Path
+    templates: dict[str, dict]      # stack name -> CloudFormation template
+    stacks: Any                     # app.Stacks
+
+    def template(self, stack_name: str):
+        from aws_cdk.assertions import Template
+        return Template.from_json(self.templates[stack_name])
+
+    def resources(self, stack_name: str, resource_type: str) -> dict[str, dict]:
+        return {logical_id: resource
+                for logical_id, resource in self.templates[stack_name]["Resources"].items()
+                if resource["Type"] == resource_type}
+
+
+def synthesize(tmp_dir: Path, overrides: dict[str, Any] | None = None) -> Synthesized:
+    import aws_cdk as cdk
+
+    context = {**cdk_json_context(), **(overrides or {})}
+    app = cdk.App(context=context, outdir=str(tmp_dir))
+    stacks = load_app_module().build(app)
+    assembly = app.synth()   # raises if cdk-nag reports an unacknowledged finding
+    templates = {stack.stack_name: stack.template for stack in assembly.stacks}
+    return Synthesized(context=context, outdir=tmp_dir, templates=templates, stacks=stacks)

@@ -1,0 +1,111 @@
+"""Context validation (infra/config.py) and how app.py reports a bad value: one line naming the
+key and what is allowed, a non-zero exit, no stack trace, no stack created."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from infra.config import AppConfig, ConfigError
+from infra.instance_types import INSTANCE_TYPES
+
+from cdk_synth import REPO_ROOT, cdk_json_context, load_app_module
+
+
+def config_with(**overrides) -> AppConfig:
+    return AppConfig.from_context({**cdk_json_context(), **overrides})
+
+
+# (overrides, words the message must contain)
+BAD_CONTEXT = {
+    "negative worker count": ({"worker_count": -1}, ["worker_count", "-1", "0 to 64"]),
+    "worker count not a number": ({"worker_count": "two"}, ["worker_count", "'two'", "whole number"]),
+    "worker count boolean": ({"worker_count": True}, ["worker_count", "whole number"]),
+    "too many workers": ({"worker_count": 1000}, ["worker_count", "1000", "0 to 64"]),
+    "volume below the AMI's size": ({"ebs_volume_size_gib": 20}, ["ebs_volume_size_gib", "100 to 16384"]),
+    "unknown instance type": ({"instance_type": "p9.huge"}, ["instance_type", "'p9.huge'", "p4d.24xlarge"]),
+    "unparsable CIDR": ({"ssh_cidr": "10.0.0.300/32"}, ["ssh_cidr", "not an IPv4 CIDR"]),
+    "CIDR with host bits": ({"ssh_cidr": "203.0.113.7/24", "key_pair_name": "k"}, ["ssh_cidr", "host bits"]),
+    "SSH open to the internet": ({"ssh_cidr": "0.0.0.0/0", "key_pair_name": "k"}, ["ssh_cidr", "whole internet"]),
+    "SSH without a key pair": ({"ssh_cidr": "203.0.113.7/32"}, ["key_pair_name", "required when ssh_cidr"]),
+    "short file-system id": ({"existing_file_system_id": "fs-1234"}, ["existing_file_system_id", "17"]),
+    "upper-case file-system id": ({"existing_file_system_id": "fs-0123456789ABCDEF0"}, ["existing_file_system_id", "lowercase hex"]),
+    "not a file-system id": ({"existing_file_system_id": "vol-0123456789abcdef0"}, ["existing_file_system_id", "fs-"]),
+    "unknown throughput mode": ({"efs_throughput_mode": "provisioned"}, ["efs_throughput_mode", "elastic, bursting"]),
+    "EFA on a type without it": ({"efa": True, "instance_type": "p3.16xlarge"}, ["efa", "p3.16xlarge", "p4d.24xlarge"]),
+    "EFA flag not a boolean": ({"efa": "maybe"}, ["efa", "true, false"]),
+    "notebook type without ml. prefix": ({"notebook_instance_type": "t3.medium"}, ["notebook_instance_type", "ml.t3.medium"]),
+    "notebook volume too small": ({"notebook_volume_size_gib": 0}, ["notebook_volume_size_gib", "5 to 16384"]),
+    "AMI parameter not an SSM path": ({"dlami_ssm_parameter": "ami-0123456789abcdef0"}, ["dlami_ssm_parameter", "/aws/service/"]),
+    "misspelt key": ({"worker_cout": 2}, ["unknown context key", "worker_cout", "worker_count"]),
+    "bad key pair name": ({"key_pair_name": "tab\there"}, ["key_pair_name", "printable ASCII"]),
+}
+
+
+@pytest.mark.parametrize("overrides, words", BAD_CONTEXT.values(), ids=BAD_CONTEXT.keys())
+def test_bad_context_is_rejected_with_a_message_naming_key_and_allowed_values(overrides, words):
+    with pytest.raises(ConfigError) as raised:
+        config_with(**overrides)
+    message = str(raised.value)
+    for word in words:
+        assert word in message, f"{word!r} missing from: {message}"
+    assert "\n" not in message
+
+
+def test_missing_required_key_names_it_and_points_at_cdk_json():
+    context = cdk_json_context()
+    del context["instance_type"]
+    with pytest.raises(ConfigError, match=r"'instance_type' is missing; cdk\.json"):
+        AppConfig.from_context(context)
+
+
+def test_cdk_json_defaults_are_valid_and_documented():
+    context = cdk_json_context()
+    config = AppConfig.from_context(context)
+    assert config.instance_type in INSTANCE_TYPES
+    documented = set(context["//"])
+    assert set(AppConfig.keys()) <= documented, "every setting needs a line in cdk.json's \"//\""
+    assert config.ssh_cidr is None and config.key_pair_name is None  # secure default: SSM only
+    assert config.efs_throughput_mode == "elastic"
+
+
+def test_values_passed_as_strings_with_dash_c_are_parsed():
+    config = config_with(worker_count="3", efa="true", instance_type="p5.48xlarge",
+                         ebs_volume_size_gib="300", ssh_cidr="198.51.100.0/24",
+                         key_pair_name="k", existing_file_system_id="fs-01234567")
+    assert (config.worker_count, config.efa, config.ebs_volume_size_gib) == (3, True, 300)
+    assert config.ssh_cidr == "198.51.100.0/24"
+    assert config.existing_file_system_id == "fs-01234567"   # an old 8-hex id is still valid
+    assert config_with(ssh_cidr="").ssh_cidr is None          # `-c ssh_cidr=` unsets it
+
+
+def test_config_is_frozen():
+    config = config_with()
+    with pytest.raises(Exception):
+        config.worker_count = 5
+
+
+def test_build_rejects_bad_context_before_creating_any_stack():
+    import aws_cdk as cdk
+
+    app = cdk.App(context={**cdk_json_context(), "worker_count": -2})
+    with pytest.raises(ConfigError):
+        load_app_module().build(app)
+    assert [c for c in app.node.children if isinstance(c, cdk.Stack)] == []
+
+
+def test_app_py_prints_one_line_and_exits_non_zero_without_a_traceback():
+    env = {**os.environ, "CDK_CONTEXT_JSON": json.dumps({**cdk_json_context(), "ssh_cidr": "nope",
+                                                         "key_pair_name": "k"})}
+    result = subprocess.run([sys.executable, "app.py"], cwd=REPO_ROOT, env=env,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: context key 'ssh_cidr' is 'nope', not an IPv4 CIDR")
+    assert lines[0].endswith("expected e.g. 203.0.113.7/32, or leave it unset to use SSM "
+                             "Session Manager")

@@ -1,0 +1,410 @@
+"""Assertions on the synthesized templates, for every property the infrastructure issue lists:
+encryption, IMDSv2, security-group rules, retain policies, placement group, launch templates
+(no launch configurations), least-privilege statements and outputs."""
+from __future__ import annotations
+
+import base64
+import json
+import re
+
+import pytest
+from aws_cdk.assertions import Match
+
+from infra import outputs
+from infra.constructs.training_image import BUILD_CONTEXT_EXCLUDES
+
+from cdk_synth import VARIANT_CONTEXT, cdk_json_context
+
+SHARED = outputs.NETWORK_STORAGE_STACK
+CLUSTER = outputs.EFS_CLUSTER_STACK
+SAGEMAKER = outputs.SAGEMAKER_STACK
+ALL_STACKS = (SHARED, CLUSTER, SAGEMAKER)
+
+
+def statements(synth, stack: str) -> list[dict]:
+    """Every IAM statement in a stack's inline policies, with the policy's logical id."""
+    found = []
+    for logical_id, policy in synth.resources(stack, "AWS::IAM::Policy").items():
+        for statement in policy["Properties"]["PolicyDocument"]["Statement"]:
+            found.append({**statement, "_policy": logical_id})
+    return found
+
+
+def policy_of(synth, stack: str, role_prefix: str) -> list[dict]:
+    return [s for s in statements(synth, stack) if s["_policy"].startswith(role_prefix)]
+
+
+def actions(statement: dict) -> list[str]:
+    value = statement["Action"]
+    return [value] if isinstance(value, str) else value
+
+
+def user_data(synth, stack: str, launch_template_prefix: str) -> str:
+    """A launch template's user data with CloudFormation expressions rendered as <...>."""
+    (template,) = [r for lid, r in synth.resources(stack, "AWS::EC2::LaunchTemplate").items()
+                   if lid.startswith(launch_template_prefix)]
+    parts = template["Properties"]["LaunchTemplateData"]["UserData"]["Fn::Base64"]["Fn::Join"][1]
+    return "".join(p if isinstance(p, str) else f"<{json.dumps(p)}>" for p in parts)
+
+
+def import_of(value) -> str:
+    return value["Fn::ImportValue"]
+
+
+# --- shared network and storage -----------------------------------------------------------------
+
+def test_vpc_has_public_and_private_subnets_nat_s3_endpoint_and_flow_logs(default_synth):
+    template = default_synth.template(SHARED)
+    subnets = default_synth.resources(SHARED, "AWS::EC2::Subnet").values()
+    public = [s for s in subnets if s["Properties"].get("MapPublicIpOnLaunch")]
+    assert len(public) == 2 and len(subnets) == 4
+    template.resource_count_is("AWS::EC2::NatGateway", 1)
+    template.has_resource_properties("AWS::EC2::VPCEndpoint", {
+        "VpcEndpointType": "Gateway",
+        "ServiceName": Match.object_like({"Fn::Join": ["", Match.array_with([".s3"])]}),
+    })
+    template.has_resource_properties("AWS::EC2::FlowLog", {
+        "ResourceType": "VPC", "TrafficType": "ALL", "LogDestinationType": "s3"})
+
+
+def test_file_system_is_encrypted_elastic_retained_with_mount_targets_in_private_subnets(default_synth):
+    template = default_synth.template(SHARED)
+    template.has_resource("AWS::EFS::FileSystem", {
+        "Properties": Match.object_like({"Encrypted": True, "ThroughputMode": "elastic",
+                                         "PerformanceMode": "generalPurpose"}),
+        "DeletionPolicy": "Retain", "UpdateReplacePolicy": "Retain"})
+    private = {lid for lid, s in default_synth.resources(SHARED, "AWS::EC2::Subnet").items()
+               if not s["Properties"].get("MapPublicIpOnLaunch")}
+    targets = default_synth.resources(SHARED, "AWS::EFS::MountTarget").values()
+    assert {t["Properties"]["SubnetId"]["Ref"] for t in targets} == private
+
+
+def test_file_system_admits_nfs_only_from_cluster_notebook_and_training_groups(default_synth):
+    (efs_group,) = default_synth.resources(SHARED, "AWS::EC2::SecurityGroup").values()
+    assert "SecurityGroupIngress" not in efs_group["Properties"]  # no rule of its own
+    sources = {}
+    for stack in ALL_STACKS:
+        for rule in default_synth.resources(stack, "AWS::EC2::SecurityGroupIngress").values():
+            props = rule["Properties"]
+            if props.get("FromPort") == 2049:
+                assert "CidrIp" not in props and props["IpProtocol"] == "tcp"
+                assert "FileSystemSecurityGroup" in import_of(props["GroupId"])
+                sources[stack] = sources.get(stack, []) + [props["SourceSecurityGroupId"]]
+    assert sorted(len(v) for v in sources.values()) == [1, 2]
+    assert set(sources) == {CLUSTER, SAGEMAKER}
+
+
+def test_existing_file_system_is_reused_with_new_mount_targets(variant_synth):
+    template = variant_synth.template(SHARED)
+    template.resource_count_is("AWS::EFS::FileSystem", 0)
+    targets = variant_synth.resources(SHARED, "AWS::EFS::MountTarget").values()
+    assert len(targets) == 2
+    assert {t["Properties"]["FileSystemId"] for t in targets} == {"fs-0123456789abcdef0"}
+    outputs_ = variant_synth.templates[CLUSTER]["Outputs"]
+    assert outputs_[outputs.FILE_SYSTEM_ID]["Value"] == "fs-0123456789abcdef0"
+
+
+def test_bursting_throughput_is_an_option():
+    import aws_cdk as cdk
+    from aws_cdk import aws_ec2 as ec2
+    from aws_cdk.assertions import Template
+
+    from infra.constructs.file_system import SharedFileSystem
+
+    stack = cdk.Stack(cdk.App(context=cdk_json_context()), "FileSystemOnly")
+    vpc = ec2.Vpc(stack, "Vpc", max_azs=1)
+    SharedFileSystem(stack, "FileSystem", vpc=vpc, subnets=vpc.private_subnets,
+                     throughput_mode="bursting")
+    Template.from_stack(stack).has_resource_properties(
+        "AWS::EFS::FileSystem", {"ThroughputMode": "bursting", "Encrypted": True})
+
+
+def test_buckets_are_encrypted_private_tls_only_and_retained(default_synth):
+    template = default_synth.template(SHARED)
+    buckets = default_synth.resources(SHARED, "AWS::S3::Bucket")
+    assert len(buckets) == 2
+    for bucket in buckets.values():
+        assert bucket["DeletionPolicy"] == "Retain"
+        props = bucket["Properties"]
+        assert props["BucketEncryption"]["ServerSideEncryptionConfiguration"][0][
+            "ServerSideEncryptionByDefault"]["SSEAlgorithm"] == "AES256"
+        assert props["PublicAccessBlockConfiguration"] == {
+            "BlockPublicAcls": True, "BlockPublicPolicy": True,
+            "IgnorePublicAcls": True, "RestrictPublicBuckets": True}
+    for policy in default_synth.resources(SHARED, "AWS::S3::BucketPolicy").values():
+        denies = [s for s in policy["Properties"]["PolicyDocument"]["Statement"]
+                  if s["Effect"] == "Deny"]
+        assert any(s["Condition"] == {"Bool": {"aws:SecureTransport": "false"}} for s in denies)
+    template.has_resource_properties("AWS::S3::Bucket", {
+        "LoggingConfiguration": Match.object_like({"LogFilePrefix": "data-bucket/"})})
+
+
+def test_stateful_resources_keep_their_logical_ids(default_synth):
+    """Renaming these would make CloudFormation replace them: a new, empty file system/bucket."""
+    shared = default_synth.templates[SHARED]["Resources"]
+    assert shared["FileSystem0A147049"]["Type"] == "AWS::EFS::FileSystem"
+    assert shared["DataBucketBD860FE1"]["Type"] == "AWS::S3::Bucket"
+    assert shared["LogBucket7273C8DB"]["Type"] == "AWS::S3::Bucket"
+
+
+# --- training image -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("stack", [CLUSTER, SAGEMAKER])
+def test_training_image_is_a_docker_asset_from_the_repo_root(default_synth, stack):
+    manifest = json.loads((default_synth.outdir / f"{stack}.assets.json").read_text())
+    (image,) = manifest["dockerImages"].values()
+    assert image["source"]["dockerFile"] == "docker/Dockerfile"
+    context_dir = default_synth.outdir / image["source"]["directory"]
+    staged = {p.name for p in context_dir.iterdir()}
+    assert {"constraints.txt", "training", "launch", "docker"} <= staged
+    assert not staged & {".venv", "node_modules", "cdk.out", ".git", "tests", "data", "runs"}
+    assert not list(context_dir.rglob("__pycache__"))
+    uri = default_synth.templates[stack]["Outputs"][outputs.TRAINING_IMAGE_URI]["Value"]["Fn::Sub"]
+    assert "container-assets" in uri and uri.endswith(image["destinations"][next(
+        iter(image["destinations"]))]["imageTag"])
+
+
+def test_both_stacks_share_one_image_tag(default_synth):
+    tags = {default_synth.templates[s]["Outputs"][outputs.TRAINING_IMAGE_URI]["Value"]["Fn::Sub"]
+            for s in (CLUSTER, SAGEMAKER)}
+    assert len(tags) == 1
+    assert "bench/results" in BUILD_CONTEXT_EXCLUDES
+
+
+# --- IAM across the app ---------------------------------------------------------------------------
+
+def test_no_full_access_managed_policies_and_no_bucket_wildcards(default_synth, variant_synth):
+    for synth in (default_synth, variant_synth):
+        for stack, template in synth.templates.items():
+            text = json.dumps(template)
+            assert "FullAccess" not in text, stack
+            assert "arn:aws:s3:::*" not in text and ":s3:::*" not in text, stack
+            for statement in statements(synth, stack):
+                assert statement["Effect"] == "Allow"
+                assert not any(a == "*" or a.endswith(":*") for a in actions(statement)), statement
+            for role in synth.resources(stack, "AWS::IAM::Role").values():
+                for arn in role["Properties"].get("ManagedPolicyArns", []):
+                    assert json.dumps(arn).endswith('policy/AmazonSSMManagedInstanceCore"]]}'), arn
+
+
+def test_s3_access_is_scoped_to_the_data_bucket(default_synth):
+    for stack in (CLUSTER, SAGEMAKER):
+        for statement in statements(default_synth, stack):
+            if any(a.startswith("s3:") for a in actions(statement)):
+                resources = statement["Resource"]
+                resources = resources if isinstance(resources, list) else [resources]
+                rendered = json.dumps(resources)
+                assert "NetworkStorageStack-DataBucketArn" in rendered, statement
+                assert '"*"' not in rendered
+
+
+# --- EfsClusterStack ----------------------------------------------------------------------------
+
+def test_cluster_ami_is_the_deep_learning_ami_ssm_parameter_not_a_lookup(default_synth):
+    template = default_synth.templates[CLUSTER]
+    params = [p for p in template["Parameters"].values()
+              if p["Type"] == "AWS::SSM::Parameter::Value<AWS::EC2::Image::Id>"]
+    assert [p["Default"] for p in params] == [default_synth.context["dlami_ssm_parameter"]]
+    assert "deeplearning" in params[0]["Default"]
+
+
+def test_groups_use_launch_templates_with_imdsv2_encrypted_gp3_and_placement(default_synth):
+    template = default_synth.template(CLUSTER)
+    template.resource_count_is("AWS::AutoScaling::LaunchConfiguration", 0)
+    template.has_resource_properties("AWS::EC2::PlacementGroup", {"Strategy": "cluster"})
+    launch_templates = default_synth.resources(CLUSTER, "AWS::EC2::LaunchTemplate")
+    assert len(launch_templates) == 2
+    for lt in launch_templates.values():
+        data = lt["Properties"]["LaunchTemplateData"]
+        assert data["MetadataOptions"]["HttpTokens"] == "required"
+        assert data["InstanceType"] == default_synth.context["instance_type"]
+        (device,) = data["BlockDeviceMappings"]
+        assert device["Ebs"] == {"DeleteOnTermination": True, "Encrypted": True,
+                                 "VolumeSize": default_synth.context["ebs_volume_size_gib"],
+                                 "VolumeType": "gp3"}
+        assert "GroupName" in data["Placement"]
+        assert "KeyName" not in data
+    for group in default_synth.resources(CLUSTER, "AWS::AutoScaling::AutoScalingGroup").values():
+        assert "LaunchTemplate" in group["Properties"]
+        assert "LaunchConfigurationName" not in group["Properties"]
+
+
+def test_master_is_one_public_node_and_workers_are_private(default_synth, variant_synth):
+    for synth, workers in ((default_synth, 1), (variant_synth, 3)):
+        groups = synth.resources(CLUSTER, "AWS::AutoScaling::AutoScalingGroup")
+        by_name = {g["Properties"]["AutoScalingGroupName"]: g for g in groups.values()}
+        master = by_name[f"{CLUSTER}-master"]["Properties"]
+        worker = by_name[f"{CLUSTER}-worker"]["Properties"]
+        assert (master["MinSize"], master["MaxSize"]) == ("1", "1")
+        assert (worker["MinSize"], worker["MaxSize"]) == (str(workers), str(workers))
+        assert "PublicSubnet1" in import_of(master["VPCZoneIdentifier"][0])
+        assert "PrivateSubnet1" in import_of(worker["VPCZoneIdentifier"][0])
+        interfaces = {lid: lt["Properties"]["LaunchTemplateData"]["NetworkInterfaces"][0]
+                      for lid, lt in synth.resources(CLUSTER, "AWS::EC2::LaunchTemplate").items()}
+        assert {lid.startswith("ClusterMaster"): ni["AssociatePublicIpAddress"]
+                for lid, ni in interfaces.items()} == {True: True, False: False}
+
+
+def test_no_ssh_ingress_by_default_nodes_talk_to_each_other(default_synth):
+    rules = default_synth.resources(CLUSTER, "AWS::EC2::SecurityGroupIngress").values()
+    assert not [r for r in rules if r["Properties"].get("FromPort") == 22]
+    for group in default_synth.resources(CLUSTER, "AWS::EC2::SecurityGroup").values():
+        assert "SecurityGroupIngress" not in group["Properties"]
+    self_rules = [r["Properties"] for r in rules if r["Properties"]["IpProtocol"] == "-1"]
+    assert len(self_rules) == 1
+    assert self_rules[0]["GroupId"] == self_rules[0]["SourceSecurityGroupId"]
+
+
+def test_ssh_only_from_the_configured_cidr_and_only_to_the_master(variant_synth):
+    groups = variant_synth.resources(CLUSTER, "AWS::EC2::SecurityGroup")
+    ssh = {lid: g for lid, g in groups.items() if "SecurityGroupIngress" in g["Properties"]}
+    assert len(ssh) == 1
+    (ssh_id, ssh_group), = ssh.items()
+    assert ssh_group["Properties"]["SecurityGroupIngress"] == [{
+        "CidrIp": VARIANT_CONTEXT["ssh_cidr"], "Description": "SSH from ssh_cidr",
+        "FromPort": 22, "IpProtocol": "tcp", "ToPort": 22}]
+    for lid, lt in variant_synth.resources(CLUSTER, "AWS::EC2::LaunchTemplate").items():
+        data = lt["Properties"]["LaunchTemplateData"]
+        groups_of_lt = json.dumps(data["NetworkInterfaces"][0]["Groups"])
+        assert (ssh_id in groups_of_lt) == lid.startswith("ClusterMaster")
+        assert data["KeyName"] == VARIANT_CONTEXT["key_pair_name"]
+
+
+def test_efa_interfaces_when_enabled(default_synth, variant_synth):
+    for lt in variant_synth.resources(CLUSTER, "AWS::EC2::LaunchTemplate").values():
+        data = lt["Properties"]["LaunchTemplateData"]
+        assert data["NetworkInterfaces"][0]["InterfaceType"] == "efa"
+        assert data["InstanceType"] == "p4d.24xlarge"
+        assert data["BlockDeviceMappings"][0]["Ebs"]["VolumeSize"] == 500
+    for lt in default_synth.resources(CLUSTER, "AWS::EC2::LaunchTemplate").values():
+        assert "InterfaceType" not in lt["Properties"]["LaunchTemplateData"]["NetworkInterfaces"][0]
+
+
+@pytest.mark.parametrize("prefix, role", [("ClusterMaster", "master"), ("ClusterWorker", "worker")])
+def test_user_data_writes_the_node_contract(default_synth, prefix, role):
+    text = user_data(default_synth, CLUSTER, prefix)
+    env_block = text.split("cat > /etc/maskrcnn/cluster.env <<'EOF'\n", 1)[1].split("\nEOF\n", 1)[0]
+    env = dict(line.split("=", 1) for line in env_block.splitlines())
+    assert {"STACK_NAME", "AWS_REGION", "ROLE", "FILE_SYSTEM_ID", "BUCKET_NAME",
+            "TRAINING_IMAGE_URI", "MASTER_ASG_NAME", "WORKER_ASG_NAME", "CLUSTER_KEY_SECRET_ARN",
+            "EFS_MOUNT", "SSH_PORT"} <= set(env)
+    assert (env["ROLE"], env["EFS_MOUNT"], env["SSH_PORT"]) == (role, "/efs", "2222")
+    assert (env["MASTER_ASG_NAME"], env["WORKER_ASG_NAME"]) == (f"{CLUSTER}-master",
+                                                                f"{CLUSTER}-worker")
+    # The boot script itself (infra/userdata/cluster_node.sh) follows the environment.
+    for fragment in ("aws ecr get-login-password", "docker login --username AWS",
+                     "--name maskrcnn --restart unless-stopped", "--network host --ipc host",
+                     '-v /etc/maskrcnn:/etc/maskrcnn:ro', "cluster-node", "nvidia-smi -L",
+                     "/etc/maskrcnn/hostfile", "/etc/maskrcnn/ssh", "secretsmanager",
+                     "nfsvers=4.1,rsize=1048576,wsize=1048576,hard,timeo=600,retrans=2",
+                     "/etc/fstab", "no-agent-forwarding"):
+        assert fragment in text, fragment
+    assert "aws ecr get-login " not in text and "ForwardAgent" not in text
+    # EC2 refuses user data over 16 KB.
+    assert len(text.encode()) < 16 * 1024
+
+
+def test_only_the_master_may_publish_the_cluster_key(default_synth):
+    secret_ref = {"Ref": next(iter(default_synth.resources(CLUSTER,
+                                                           "AWS::SecretsManager::Secret")))}
+    for prefix, may_write in (("ClusterMasterRole", True), ("ClusterWorkerRole", False)):
+        policy = policy_of(default_synth, CLUSTER, prefix)
+        writes = [s for s in policy if "secretsmanager:PutSecretValue" in actions(s)]
+        reads = [s for s in policy if "secretsmanager:GetSecretValue" in actions(s)]
+        assert reads and all(s["Resource"] == secret_ref for s in reads)
+        assert bool(writes) == may_write
+        assert all(s["Resource"] == secret_ref for s in writes)
+
+
+def test_cluster_outputs(default_synth, variant_synth):
+    expected = {outputs.MASTER_ADDRESS, outputs.CONNECT_COMMAND, outputs.MASTER_ASG_NAME,
+                outputs.WORKER_ASG_NAME, outputs.FILE_SYSTEM_ID, outputs.BUCKET_NAME,
+                outputs.TRAINING_IMAGE_URI, outputs.PRIVATE_SUBNET_IDS}
+    default_outputs = default_synth.templates[CLUSTER]["Outputs"]
+    assert expected <= set(default_outputs)
+    assert "aws ssm start-session" in json.dumps(default_outputs[outputs.CONNECT_COMMAND])
+    variant_connect = json.dumps(variant_synth.templates[CLUSTER]["Outputs"][outputs.CONNECT_COMMAND])
+    assert "ssh -i ~/.ssh/research-key.pem ubuntu@" in variant_connect
+    assert "-A" not in variant_connect  # no agent forwarding
+    subnets = default_outputs[outputs.PRIVATE_SUBNET_IDS]["Value"]["Fn::Join"]
+    assert subnets[0] == "," and len(subnets[1]) == 2
+
+
+# --- SageMakerStack -----------------------------------------------------------------------------
+
+def test_notebook_is_private_encrypted_without_internet_or_root(default_synth):
+    template = default_synth.template(SAGEMAKER)
+    (notebook,) = default_synth.resources(SAGEMAKER, "AWS::SageMaker::NotebookInstance").values()
+    props = notebook["Properties"]
+    assert props["DirectInternetAccess"] == "Disabled"
+    assert props["RootAccess"] == "Disabled"
+    assert "PrivateSubnet1" in import_of(props["SubnetId"])
+    assert props["KmsKeyId"] == {"Ref": next(iter(default_synth.resources(SAGEMAKER, "AWS::KMS::Key")))}
+    assert props["InstanceType"] == default_synth.context["notebook_instance_type"]
+    template.has_resource_properties("AWS::KMS::Key", {"EnableKeyRotation": True})
+
+
+def test_notebook_lifecycle_config_mounts_efs_at_home_efs(default_synth):
+    (config,) = default_synth.resources(SAGEMAKER,
+                                        "AWS::SageMaker::NotebookInstanceLifecycleConfig").values()
+    parts = config["Properties"]["OnStart"][0]["Content"]["Fn::Base64"]["Fn::Join"][1]
+    script = "".join(p if isinstance(p, str) else "<value>" for p in parts)
+    assert "export FILE_SYSTEM_ID=<value>" in script
+    assert "MOUNT=/home/ec2-user/efs" in script and "mount -t nfs4" in script
+    assert any(isinstance(p, dict) and "Fn::ImportValue" in p for p in parts)
+
+
+def test_training_security_group_allows_its_own_instances_only(default_synth):
+    rules = [r["Properties"] for r in
+             default_synth.resources(SAGEMAKER, "AWS::EC2::SecurityGroupIngress").values()]
+    all_traffic = [r for r in rules if r["IpProtocol"] == "-1"]
+    assert len(all_traffic) == 1 and all_traffic[0]["GroupId"] == all_traffic[0]["SourceSecurityGroupId"]
+    for group in default_synth.resources(SAGEMAKER, "AWS::EC2::SecurityGroup").values():
+        assert "SecurityGroupIngress" not in group["Properties"]
+
+
+def test_notebook_may_run_training_jobs_and_pass_only_the_training_role(default_synth):
+    policy = policy_of(default_synth, SAGEMAKER, "NotebookRole")
+    all_actions = {a for s in policy for a in actions(s)}
+    assert {"sagemaker:CreateTrainingJob", "sagemaker:DescribeTrainingJob",
+            "sagemaker:StopTrainingJob", "sagemaker:ListTrainingJobs",
+            "cloudformation:DescribeStacks", "iam:PassRole"} <= all_actions
+    (pass_role,) = [s for s in policy if "iam:PassRole" in actions(s)]
+    training_role = next(lid for lid in default_synth.resources(SAGEMAKER, "AWS::IAM::Role")
+                         if lid.startswith("TrainingJobRole"))
+    assert pass_role["Resource"] == {"Fn::GetAtt": [training_role, "Arn"]}
+    assert pass_role["Condition"] == {
+        "StringEquals": {"iam:PassedToService": "sagemaker.amazonaws.com"}}
+    (describe,) = [s for s in policy if "cloudformation:DescribeStacks" in actions(s)]
+    assert describe["Resource"] == {"Ref": "AWS::StackId"}
+    assert not [a for a in all_actions if a.startswith(("ec2:", "ecr:"))]
+
+
+def test_training_role_pulls_the_image_reads_data_and_places_jobs_in_the_vpc(default_synth):
+    policy = policy_of(default_synth, SAGEMAKER, "TrainingJobRole")
+    by_sid = {s.get("Sid"): s for s in policy}
+    assert by_sid["ManageJobNetworkInterfaces"]["Condition"]["ArnEquals"]["ec2:Vpc"]
+    ecr = [s for s in policy if any(a.startswith("ecr:Batch") for a in actions(s))]
+    assert ecr and all("container-assets" in json.dumps(s["Resource"]) for s in ecr)
+    efs = [s for s in policy if "elasticfilesystem:ClientMount" in actions(s)]
+    assert efs and "FileSystem" in json.dumps(efs[0]["Resource"])
+    metrics = by_sid["WriteJobMetrics"]
+    assert metrics["Condition"] == {"StringEquals": {"cloudwatch:namespace":
+                                                     "/aws/sagemaker/TrainingJobs"}}
+
+
+def test_sagemaker_outputs(default_synth):
+    names = set(default_synth.templates[SAGEMAKER]["Outputs"])
+    assert {outputs.FILE_SYSTEM_ID, outputs.BUCKET_NAME, outputs.TRAINING_IMAGE_URI,
+            outputs.PRIVATE_SUBNET_IDS, outputs.TRAINING_SECURITY_GROUP_ID,
+            outputs.TRAINING_ROLE_ARN, outputs.NOTEBOOK_ROLE_ARN, outputs.NOTEBOOK_NAME} <= names
+
+
+def test_stacks_depend_only_on_the_shared_stack(default_synth):
+    manifest = json.loads((default_synth.outdir / "manifest.json").read_text())
+    deps = {name: [d for d in art.get("dependencies", []) if not d.endswith(".assets")]
+            for name, art in manifest["artifacts"].items()
+            if art["type"] == "aws:cloudformation:stack"}
+    assert deps == {SHARED: [], CLUSTER: [SHARED], SAGEMAKER: [SHARED]}
+    assert not re.search(r"ImportValue\W+(EfsCluster|SageMaker)Stack",
+                         json.dumps(default_synth.templates[SHARED]))
