@@ -1,0 +1,51 @@
+#!/bin/bash
+# Entry point of the training image. Commands:
+#   train                SageMaker training job (SageMaker runs `docker run IMAGE train`)
+#   cluster-node         EC2 cluster node: sshd on $SSH_PORT with the cluster key, for mpirun
+#   cluster-train ARGS   on the master: health-check nodes, start training over the healthy ones
+#   cluster-health       on the master: the per-node health table
+#   hostfile             on the master: print the hostfile of the InService nodes
+#   anything else        run as a command (e.g. bash)
+set -euo pipefail
+
+CLUSTER_DIR=${MASKRCNN_CLUSTER_DIR:-/etc/maskrcnn}   # overridable for tests
+
+cluster_env() {  # cluster_env KEY DEFAULT: a value from cluster.env, read as data (not sourced)
+  local value=""
+  if [[ -r "$CLUSTER_DIR/cluster.env" ]]; then
+    value=$(grep -E "^$1=" "$CLUSTER_DIR/cluster.env" | tail -n 1 | cut -d= -f2- | tr -d '"' || true)
+  fi
+  echo "${value:-$2}"
+}
+
+cluster_node() {
+  local port key_dir=$CLUSTER_DIR/ssh
+  port=$(cluster_env SSH_PORT 2222)
+  if [[ ! -s "$key_dir/authorized_keys" ]]; then
+    echo "cluster-node: $key_dir/authorized_keys is missing: start the container with" \
+         "-v /etc/maskrcnn:/etc/maskrcnn:ro on a node set up by the cluster's user data" >&2
+    exit 2
+  fi
+  # Host keys are made per container, never shipped in the image.
+  ssh-keygen -A >/dev/null
+  mkdir -p /run/sshd
+  # sshd sessions (mpirun's orted, health checks) start with a clean environment: give them the
+  # container's PATH, library path and training settings.
+  env | grep -E '^(PATH|LD_LIBRARY_PATH|PYTHONPATH|TF_[A-Z_]+|NCCL_[A-Z_]+|CUDA_[A-Z_]+|NVIDIA_[A-Z_]+|AWS_REGION|AWS_DEFAULT_REGION)=' \
+    > /etc/environment || true
+  exec /usr/sbin/sshd -D -e -p "$port" \
+    -o AuthorizedKeysFile="$key_dir/authorized_keys" \
+    -o PasswordAuthentication=no -o KbdInteractiveAuthentication=no \
+    -o PermitRootLogin=prohibit-password -o AllowTcpForwarding=no -o X11Forwarding=no
+}
+
+command=${1:-train}
+[[ $# -gt 0 ]] && shift
+case "$command" in
+  train)          exec python -m launch.sagemaker.entry "$@" ;;
+  cluster-node)   cluster_node ;;
+  cluster-train)  exec python -m launch.cluster.run "$@" ;;
+  cluster-health) exec python -m launch.cluster.health "$@" ;;
+  hostfile)       exec python -m launch.cluster.hostfile "$@" ;;
+  *)              exec "$command" "$@" ;;
+esac
