@@ -72,7 +72,7 @@ def _run(runner: CommandRunner, host: str, argv: list[str], timeout: float):
 def check_node(runner: CommandRunner, host: str, *, role: str = "worker", expected_gpus: int = 0,
                efs_mount: str = "/efs", expected_code_version: str | None = None,
                python: str = "python", timeout: float = 30.0,
-               efs_fstypes: tuple[str, ...] = EFS_FSTYPES) -> NodeHealth:
+               efs_fstypes: tuple[str, ...] | None = None) -> NodeHealth:
     """All checks on one node; a node that is not reachable gets no further checks."""
     h = NodeHealth(host, role, expected_gpus)
     probe = _run(runner, host, ["true"], timeout)
@@ -87,9 +87,9 @@ def check_node(runner: CommandRunner, host: str, *, role: str = "worker", expect
     if h.gpus_visible < expected_gpus:
         h.problems.append(f"{h.gpus_visible} of {expected_gpus} GPUs visible")
 
-    mount = _run(runner, host, ["findmnt", "-n", "-o", "FSTYPE", "--mountpoint", efs_mount], timeout)
+    mount = _run(runner, host, ["findmnt", "-n", "-o", "FSTYPE", "--target", efs_mount], timeout)
     fstype = mount.stdout.strip().splitlines()[0] if mount.returncode == 0 and mount.stdout.strip() else ""
-    h.efs_mounted = fstype in efs_fstypes
+    h.efs_mounted = fstype in (efs_fstypes or EFS_FSTYPES)
     if not h.efs_mounted:
         h.problems.append(f"{efs_mount} is not an EFS mount" + (f" (it is {fstype})" if fstype else ""))
 

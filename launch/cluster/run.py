@@ -54,7 +54,8 @@ def build_command(nodes: list[ClusterNode], *, logdir: str, data_dir: str, overr
     return hostfile_text([n.as_node() for n in nodes]), cmd
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, runner: health.CommandRunner | None = None) -> int:
+    """``runner`` runs the health checks (default: SSH with the cluster key)."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("overrides", nargs="*", help="training config overrides, KEY=VALUE (training/config.py)")
     p.add_argument("--run-name", default="maskrcnn",
@@ -78,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         data_dir = a.data_dir or f"{efs}/data/coco"
         session = boto3.session.Session(region_name=env.get("AWS_REGION"))
         ssh_port = int(env.get("SSH_PORT", 2222))
-        runner = health.SshRunner(port=ssh_port)
+        runner = runner or health.SshRunner(port=ssh_port)
         for attempt in range(a.max_restarts + 1):
             nodes = discover_nodes(session, master_asg=env["MASTER_ASG_NAME"], worker_asg=env.get("WORKER_ASG_NAME"))
             ok, table = healthy_nodes(nodes, runner, efs_mount=efs, min_nodes=a.min_nodes)

@@ -25,14 +25,14 @@ def fake_gpus(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", f"{bin_dir}:{__import__('os').environ['PATH']}")
 
 
-def _root_fstype():
-    return subprocess.run(["findmnt", "-n", "-o", "FSTYPE", "--mountpoint", "/"],
+def _fstype(path="/"):
+    return subprocess.run(["findmnt", "-n", "-o", "FSTYPE", "--target", str(path)],
                           capture_output=True, text=True, check=True).stdout.strip()
 
 
 def test_healthy_node(fake_gpus):
     h = check_node(LocalRunner(), "localhost", role="master", expected_gpus=2, efs_mount="/",
-                   efs_fstypes=(_root_fstype(),), expected_code_version=code_version(), python=sys.executable)
+                   efs_fstypes=(_fstype(),), expected_code_version=code_version(), python=sys.executable)
     assert h.healthy, h.problems
     assert (h.reachable, h.gpus_visible, h.efs_mounted, h.code_version) == (True, 2, True, code_version())
 
@@ -41,7 +41,7 @@ def test_problems_are_named(fake_gpus, tmp_path):
     h = check_node(LocalRunner(), "localhost", expected_gpus=8, efs_mount=str(tmp_path),
                    expected_code_version="0123456789ab", python=sys.executable)
     assert not h.healthy
-    assert h.problems == ["2 of 8 GPUs visible", f"{tmp_path} is not an EFS mount",
+    assert h.problems == ["2 of 8 GPUs visible", f"{tmp_path} is not an EFS mount (it is {_fstype(tmp_path)})",
                           f"code {code_version()} differs from master's 0123456789ab"]
 
 

@@ -1,0 +1,105 @@
+"""The master's one command: nodes from moto's auto-scaling groups, health checks run for real on
+this machine (LocalRunner), and a stand-in `mpirun` on PATH that fails once (a node failure) and
+then succeeds, to check the hostfile, the command and the resume attempt."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import boto3
+import pytest
+
+from launch.cluster import health, run
+from launch.cluster.hostfile import ClusterNode
+from launch.cluster.launch_command import format_command
+
+
+def _fstype(path):
+    return subprocess.run(["findmnt", "-n", "-o", "FSTYPE", "--target", str(path)],
+                          capture_output=True, text=True, check=True).stdout.strip()
+
+
+@pytest.fixture
+def cluster(aws_env, tmp_path, monkeypatch):
+    """Two CPU nodes in moto; this machine stands in for each of them."""
+    session = boto3.session.Session()
+    ec2, asg = session.client("ec2"), session.client("autoscaling")
+    vpc = ec2.create_vpc(CidrBlock="10.0.0.0/16")["Vpc"]["VpcId"]
+    subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="10.0.2.0/24")["Subnet"]["SubnetId"]
+    ec2.create_launch_template(LaunchTemplateName="node-lt",
+                               LaunchTemplateData={"ImageId": "ami-12c6146b", "InstanceType": "c5.xlarge"})
+    for name in ("m-asg", "w-asg"):
+        asg.create_auto_scaling_group(AutoScalingGroupName=name, LaunchTemplate={"LaunchTemplateName": "node-lt"},
+                                      MinSize=1, MaxSize=1, DesiredCapacity=1, VPCZoneIdentifier=subnet)
+    efs = tmp_path / "efs"
+    efs.mkdir()
+    env_file = tmp_path / "cluster.env"
+    env_file.write_text(f"AWS_REGION=us-east-1\nMASTER_ASG_NAME=m-asg\nWORKER_ASG_NAME=w-asg\n"
+                        f"EFS_MOUNT={efs}\nSSH_PORT=2222\n")
+    monkeypatch.setattr(health, "EFS_FSTYPES", (_fstype(efs),))  # this disk plays EFS
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    monkeypatch.setenv("PATH", f"{bin_dir}:{Path(sys.executable).parent}:{os.environ['PATH']}")
+    return env_file, efs, bin_dir
+
+
+def _fake_mpirun(bin_dir: Path, log: Path, fail_times: int):
+    script = bin_dir / "mpirun"
+    script.write_text(f"#!/bin/sh\necho \"$*\" >> {log}\n"
+                      f"[ $(wc -l < {log}) -gt {fail_times} ] || {{ echo 'rank 3 died' >&2; exit 1; }}\n")
+    script.chmod(0o755)
+
+
+def test_dry_run_prints_the_command_for_healthy_nodes(cluster, capsys):
+    env_file, efs, _ = cluster
+    assert run.main(["--cluster-env", str(env_file), "--dry-run", "TRAIN.BATCH_SIZE_PER_GPU=4"],
+                    runner=health.LocalRunner()) == 0
+    out = capsys.readouterr().out
+    assert "2 of 2 nodes healthy" in out
+    assert "attempt 1: 2 node(s), 2 rank(s)" in out
+    assert f"--hostfile {efs}/logs/maskrcnn/hostfile" in out
+    assert f"--logdir {efs}/logs/maskrcnn --config DATA.BASEDIR={efs}/data/coco TRAIN.BATCH_SIZE_PER_GPU=4" in out
+    assert not (efs / "logs").exists()  # a dry run writes nothing
+
+
+def test_failed_training_is_resumed_on_the_healthy_nodes(cluster, tmp_path, capsys):
+    env_file, efs, bin_dir = cluster
+    log = tmp_path / "mpirun.log"
+    _fake_mpirun(bin_dir, log, fail_times=1)
+    rc = run.main(["--cluster-env", str(env_file), "--restart-wait", "0", "--run-name", "r1"],
+                  runner=health.LocalRunner())
+    assert rc == 0
+    calls = log.read_text().splitlines()
+    assert len(calls) == 2 and calls[0] == calls[1]  # same logdir: training.train resumes from it
+    assert f"--logdir {efs}/logs/r1" in calls[1]
+    hostfile = (efs / "logs" / "r1" / "hostfile").read_text().splitlines()
+    assert [line.split()[1] for line in hostfile] == ["slots=1", "slots=1"]
+    assert "resuming from the latest checkpoint" in capsys.readouterr().err
+
+
+def test_gives_up_after_max_restarts_with_the_exit_status(cluster, tmp_path, capsys):
+    env_file, _, bin_dir = cluster
+    _fake_mpirun(bin_dir, tmp_path / "mpirun.log", fail_times=99)
+    rc = run.main(["--cluster-env", str(env_file), "--restart-wait", "0", "--max-restarts", "1"],
+                  runner=health.LocalRunner())
+    assert rc == 1
+    assert "after 2 attempt(s); rerun the same command to resume" in capsys.readouterr().err
+
+
+def test_unhealthy_master_stops_before_launch(cluster, monkeypatch, capsys):
+    env_file, _, _ = cluster
+    monkeypatch.setattr(health, "EFS_FSTYPES", ("nfs4",))  # now no node has EFS mounted
+    assert run.main(["--cluster-env", str(env_file), "--dry-run"], runner=health.LocalRunner()) == 2
+    assert "the master node failed its health check" in capsys.readouterr().err
+
+
+def test_efa_only_when_every_node_has_it():
+    nodes = [ClusterNode("i-1", "10.0.0.1", "p4d.24xlarge", "master", 8, True),
+             ClusterNode("i-2", "10.0.0.2", "p4d.24xlarge", "worker", 8, False)]
+    _, cmd = run.build_command(nodes, logdir="/efs/logs/x", data_dir="/efs/data/coco", overrides=[], ssh_port=2222)
+    assert "FI_PROVIDER=efa" not in cmd
+    hosts, cmd = run.build_command([n.__class__(**{**n.__dict__, "efa": True}) for n in nodes],
+                                   logdir="/efs/logs/x", data_dir="/efs/data/coco", overrides=[], ssh_port=2222)
+    assert "FI_PROVIDER=efa" in cmd and cmd[cmd.index("-np") + 1] == "16"
+    assert hosts == "10.0.0.1 slots=8\n10.0.0.2 slots=8\n"
+    assert format_command(cmd).startswith("mpirun --allow-run-as-root -np 16 --hostfile /efs/logs/x/hostfile")
