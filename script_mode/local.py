@@ -26,6 +26,7 @@ from pathlib import Path
 
 from script_mode import cluster as cl
 from script_mode import data as digits_data
+from script_mode import ps_tasks
 
 STRATEGIES = ("ps", "horovod")
 DEFAULT_SCRIPT = Path(__file__).with_name("train.py")
@@ -121,60 +122,12 @@ def _environment(plan: LaunchPlan, compute_processes: int) -> dict[str, str]:
     return env
 
 
-def _tail(path: Path, lines: int = 30) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
-
-
-def _stop(procs: list[subprocess.Popen]) -> None:
-    for p in procs:
-        if p.poll() is None:
-            p.terminate()
-    for p in procs:
-        try:
-            p.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
-
-
 def _run_ps(plan: LaunchPlan, env: dict[str, str]) -> int:
     cluster = cl.local_cluster(plan.workers, plan.ps)
-    command = [sys.executable, str(plan.script), *plan.script_args]
-    servers: dict[str, subprocess.Popen] = {}
-    logs: dict[str, Path] = {}
-    chief = None
-    try:
-        # Servers first: the chief connects to all of them when it creates its strategy.
-        for task in [cl.Task(cl.PS, i) for i in range(plan.ps)] + \
-                    [cl.Task(cl.WORKER, i) for i in range(plan.workers)]:
-            name = f"{task.type}-{task.index}"
-            logs[name] = plan.log_dir / f"{name}.log"
-            with open(logs[name], "w") as log:
-                servers[name] = subprocess.Popen(
-                    command, env={**env, "TF_CONFIG": cl.tf_config(cluster, task)},
-                    stdout=log, stderr=subprocess.STDOUT)
-        chief = subprocess.Popen(command,
-                                 env={**env, "TF_CONFIG": cl.tf_config(cluster, cl.Task(cl.CHIEF, 0))})
-        deadline = time.monotonic() + plan.timeout_s
-        while chief.poll() is None:
-            for name, p in servers.items():
-                if p.poll() is not None:  # a server must outlive the chief
-                    raise RuntimeError(f"{name} exited with code {p.returncode} while the chief was "
-                                       f"training; its log ({logs[name]}):\n{_tail(logs[name])}")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the ps run took longer than {plan.timeout_s:.0f} s; logs in "
-                                   f"{plan.log_dir}")
-            time.sleep(0.5)
-        # Workers and ps stop by themselves once the chief's port closes; give them the chance.
-        end = time.monotonic() + 20
-        while any(p.poll() is None for p in servers.values()) and time.monotonic() < end:
-            time.sleep(0.5)
-        return chief.returncode
-    finally:
-        _stop([p for p in [chief, *servers.values()] if p is not None])
+    tasks = [cl.Task(cl.CHIEF, 0)] + [cl.Task(cl.WORKER, i) for i in range(plan.workers)] + \
+            [cl.Task(cl.PS, i) for i in range(plan.ps)]
+    return ps_tasks.run_tasks([sys.executable, str(plan.script), *plan.script_args], cluster,
+                              tasks, env, plan.log_dir, plan.timeout_s)
 
 
 def _run_horovod(plan: LaunchPlan, env: dict[str, str]) -> int:
@@ -234,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         result = run(plan)
-    except RuntimeError as e:
+    except (RuntimeError, ps_tasks.TaskFailed) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     print(f"{plan.strategy}: exit code {result.returncode} after {result.wall_time_s:.1f} s; "

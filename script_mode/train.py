@@ -123,15 +123,24 @@ class Recorder:
         self._t = time.perf_counter()
 
     def end_epoch(self):
-        self.train_time += time.perf_counter() - self._t
+        self._epoch_time = time.perf_counter() - self._t
+        self.train_time += self._epoch_time
 
     def epoch_result(self, epoch: int, accuracy: float, images: int):
         self.history.append({"epoch": epoch, "test_accuracy": round(accuracy, 4),
+                             "epoch_time_s": round(self._epoch_time, 3),
                              "train_time_s": round(self.train_time, 3), "images": images})
         if self.time_to_target is None and accuracy >= self.target:
             self.time_to_target = self.train_time
         print(f"epoch {epoch}: test accuracy {accuracy:.4f}, training time {self.train_time:.1f} s",
               flush=True)
+
+    def _steady_throughput(self) -> float | None:
+        if len(self.history) < 2:
+            return None
+        images = self.history[-1]["images"] - self.history[0]["images"]
+        seconds = sum(h["epoch_time_s"] for h in self.history[1:])
+        return round(images / seconds, 1)
 
     def metrics(self, **extra) -> dict:
         images = self.history[-1]["images"] if self.history else 0
@@ -144,6 +153,8 @@ class Recorder:
             "wall_time_s": round(time.perf_counter() - self.start_wall, 3),
             "train_images": images,
             "images_per_s": round(images / self.train_time, 1) if self.train_time else None,
+            # Without the first epoch, which also traces functions and (ps) ships the data.
+            "images_per_s_steady": self._steady_throughput(),
             "history": self.history,
         }
 
@@ -265,7 +276,8 @@ def train_ps(config: dict, args: argparse.Namespace, digits: digits_data.Digits)
 
 # ---------------------------------------------------------------- strategy: Horovod
 
-def train_horovod(args: argparse.Namespace, digits: digits_data.Digits) -> dict | None:
+def train_horovod(args: argparse.Namespace, digits: digits_data.Digits) -> None:
+    """Every rank trains on its shard; rank 0 evaluates and writes the outputs."""
     import horovod.tensorflow as hvd
 
     hvd.init()
@@ -302,12 +314,14 @@ def train_horovod(args: argparse.Namespace, digits: digits_data.Digits) -> dict 
         if rank == 0:
             rec.epoch_result(epoch, test_accuracy(model, digits.x_test, digits.y_test),
                              epoch * steps * args.batch_size * size)
-    if rank != 0:
-        return None
-    return {"model": model,
-            "metrics": rec.metrics(strategy="horovod", workers=size, parameter_servers=0,
-                                   epochs=args.epochs, batch_size_per_worker=args.batch_size,
-                                   learning_rate=args.learning_rate)}
+    if rank == 0:
+        write_outputs(model, rec.metrics(strategy="horovod", workers=size, parameter_servers=0,
+                                         epochs=args.epochs, batch_size_per_worker=args.batch_size,
+                                         learning_rate=args.learning_rate), args.model_dir)
+    # Leave together: a rank that exits while another is still in Horovod's loop breaks its
+    # Gloo connection and makes that rank report an error.
+    hvd.join()
+    hvd.shutdown()
 
 
 def train_single(args: argparse.Namespace, digits: digits_data.Digits) -> dict:
@@ -364,14 +378,11 @@ def main(argv: list[str] | None = None) -> int:
         if config["task"]["type"] in (cl.WORKER, cl.PS):
             return serve(config, args)
     digits = digits_data.load(args.data_dir)
-    if strategy == "ps":
-        result = train_ps(config, args, digits)
-    elif strategy == "horovod":
-        result = train_horovod(args, digits)
-    else:
-        result = train_single(args, digits)
-    if result is not None:  # Horovod ranks other than 0 write nothing
-        write_outputs(result["model"], result["metrics"], args.model_dir)
+    if strategy == "horovod":
+        train_horovod(args, digits)
+        return 0
+    result = train_ps(config, args, digits) if strategy == "ps" else train_single(args, digits)
+    write_outputs(result["model"], result["metrics"], args.model_dir)
     return 0
 
 
