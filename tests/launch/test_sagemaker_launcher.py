@@ -5,37 +5,12 @@ import boto3
 import botocore.exceptions
 import pytest
 
+from fake_stack import FS_ID, STACK_OUTPUTS, deploy_stack
 from infra import outputs
 from launch.aws import LaunchError
 from launch.sagemaker import launcher
 from launch.sagemaker.launcher import JobSpec
 from training.metrics import METRIC_DEFINITIONS
-
-FS_ID = "fs-0123456789abcdef0"   # today's EFS ids: fs- + 17 hex characters
-STACK_OUTPUTS = {
-    outputs.TRAINING_IMAGE_URI: "123456789012.dkr.ecr.us-east-1.amazonaws.com/cdk-hnb659fds-container-assets:abc",
-    outputs.TRAINING_ROLE_ARN: "arn:aws:iam::123456789012:role/SageMakerTrainingRole",
-    outputs.FILE_SYSTEM_ID: FS_ID,
-    outputs.BUCKET_NAME: "maskrcnn-data-bucket",
-    outputs.PRIVATE_SUBNET_IDS: "subnet-0aaa1111bbbb2222c,subnet-0ddd3333eeee4444f",
-    outputs.TRAINING_SECURITY_GROUP_ID: "sg-0123456789abcdef0",
-}
-
-
-@pytest.fixture
-def sagemaker_env(aws_env, tmp_path, monkeypatch):
-    """moto plus the SDK settings that keep it local: no IAM role simulation, no telemetry."""
-    config = tmp_path / "sagemaker-config.yaml"
-    config.write_text("SchemaVersion: '1.0'\nSageMaker:\n  PythonSDK:\n    Modules:\n      TelemetryOptOut: true\n")
-    monkeypatch.setenv("SAGEMAKER_USER_CONFIG_OVERRIDE", str(config))
-    monkeypatch.setenv("SAGEMAKER_VALIDATE_ROLE", "false")
-    return aws_env
-
-
-def _deploy_stack(session, name=outputs.SAGEMAKER_STACK, values=STACK_OUTPUTS):
-    template = {"Resources": {"Placeholder": {"Type": "AWS::SNS::Topic"}},
-                "Outputs": {k: {"Value": v} for k, v in values.items()}}
-    session.client("cloudformation").create_stack(StackName=name, TemplateBody=json.dumps(template))
 
 
 def _capture_create_requests(session):
@@ -52,7 +27,7 @@ def _capture_create_requests(session):
 
 def test_start_sends_the_full_request(sagemaker_env):
     session = boto3.session.Session()
-    _deploy_stack(session)
+    deploy_stack(session)
     sent = _capture_create_requests(session)
     spec = JobSpec(instance_type="ml.p4d.24xlarge", instance_count=4, volume_size_gb=100, max_run_seconds=400000,
                    hyperparameters={"mode_mask": "True", "batch_size_per_gpu": "4",
@@ -89,7 +64,7 @@ def test_start_sends_the_full_request(sagemaker_env):
 
 def test_spot_adds_checkpoints_and_max_wait(sagemaker_env):
     session = boto3.session.Session()
-    _deploy_stack(session)
+    deploy_stack(session)
     sent = _capture_create_requests(session)
     launcher.start_job(JobSpec(spot=True, run_name="coco-24ep", max_run_seconds=3600), session=session)
     body = sent[0]
@@ -105,7 +80,7 @@ def test_spot_adds_checkpoints_and_max_wait(sagemaker_env):
 
 def test_dry_run_prints_the_request_and_sends_nothing(sagemaker_env, capsys):
     session = boto3.session.Session()
-    _deploy_stack(session)
+    deploy_stack(session)
     assert launcher.main(["start", "--dry-run", "--instance-count", "2", "-H", "batch_norm=GN"]) == 0
     printed = json.loads(capsys.readouterr().out)
     assert printed["ResourceConfig"]["InstanceCount"] == 2
@@ -124,7 +99,7 @@ def test_dry_run_prints_the_request_and_sends_nothing(sagemaker_env, capsys):
 ])
 def test_bad_input_is_refused_before_anything_is_sent(sagemaker_env, capsys, args, message):
     session = boto3.session.Session()
-    _deploy_stack(session)
+    deploy_stack(session)
     assert launcher.main(["start", "--dry-run", *args]) == 2
     assert message in capsys.readouterr().err
 
@@ -132,17 +107,17 @@ def test_bad_input_is_refused_before_anything_is_sent(sagemaker_env, capsys, arg
 def test_missing_output_and_wrong_ids_are_named(sagemaker_env):
     session = boto3.session.Session()
     partial = {k: v for k, v in STACK_OUTPUTS.items() if k != outputs.TRAINING_SECURITY_GROUP_ID}
-    _deploy_stack(session, "OldStack", partial)
+    deploy_stack(session, "OldStack", partial)
     with pytest.raises(LaunchError, match=f"has no output '{outputs.TRAINING_SECURITY_GROUP_ID}'"):
         launcher.start_job(JobSpec(stack="OldStack"), session=session, dry_run=True)
-    _deploy_stack(session, "WrongStack", {**STACK_OUTPUTS, outputs.FILE_SYSTEM_ID: "vol-123"})
+    deploy_stack(session, "WrongStack", {**STACK_OUTPUTS, outputs.FILE_SYSTEM_ID: "vol-123"})
     with pytest.raises(LaunchError, match="is not an EFS id"):
         launcher.start_job(JobSpec(stack="WrongStack"), session=session, dry_run=True)
 
 
 def test_companion_commands(sagemaker_env, capsys, monkeypatch):
     session = boto3.session.Session()
-    _deploy_stack(session)
+    deploy_stack(session)
     name = launcher.start_job(JobSpec(), session=session)["TrainingJobName"]
     assert launcher.main(["describe", name]) == 0
     assert json.loads(capsys.readouterr().out)["TrainingJobName"] == name
@@ -158,7 +133,7 @@ def test_stop_sends_the_job_name(sagemaker_env, monkeypatch):
     """moto has no StopTrainingJob: check the request that reaches it, then its not-implemented answer."""
     monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
     session = boto3.session.Session()
-    _deploy_stack(session)
+    deploy_stack(session)
     name = launcher.start_job(JobSpec(), session=session)["TrainingJobName"]
     sent = []
     session.events.register("before-send.sagemaker.StopTrainingJob", lambda request, **kw: sent.append(request.body))

@@ -1,12 +1,5 @@
 """Data staging against a local HTTP server (the "COCO site") and moto S3 (the stack's bucket)."""
-import functools
-import hashlib
-import http.server
 import shutil
-import tarfile
-import threading
-import zipfile
-from collections import namedtuple
 from pathlib import Path
 
 import boto3
@@ -17,43 +10,6 @@ from launch.staging import __main__ as cli
 from launch.staging import download as dl
 from launch.staging import s3sync
 from launch.staging.diskspace import StagingError, ensure_free_space
-from training.data import synthetic
-
-
-@pytest.fixture(scope="module")
-def coco_site(tmp_path_factory):
-    """A synthetic COCO dataset packed like the COCO site's archives, served on 127.0.0.1."""
-    root = tmp_path_factory.mktemp("site")
-    data = root / "dataset"
-    synthetic.main(["--output", str(data), "--train", "6", "--val", "3", "--size", "64"])
-    www = root / "www"
-    www.mkdir()
-    for split in ("train2017", "val2017"):
-        with zipfile.ZipFile(www / f"{split}.zip", "w") as z:
-            for f in sorted((data / split).iterdir()):
-                z.write(f, f"{split}/{f.name}")
-    with tarfile.open(www / "annotations_trainval2017.tar.gz", "w:gz") as t:
-        t.add(data / "annotations", "annotations")
-    (www / "weights.npz").write_bytes(b"pretend weights " * 1000)
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(www))
-    handler.log_message = lambda *a, **k: None
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    base = f"http://127.0.0.1:{server.server_address[1]}"
-
-    def sha(name):
-        return "sha256:" + hashlib.sha256((www / name).read_bytes()).hexdigest()
-
-    artifacts = (
-        dl.Artifact("train2017.zip", f"{base}/train2017.zip", sha("train2017.zip"), "coco"),
-        dl.Artifact("val2017.zip", f"{base}/val2017.zip", sha("val2017.zip"), "coco"),
-        dl.Artifact("annotations_trainval2017.tar.gz", f"{base}/annotations_trainval2017.tar.gz",
-                    sha("annotations_trainval2017.tar.gz"), "coco"),
-        dl.Artifact("ImageNet-R50-AlignPadding.npz", f"{base}/weights.npz", sha("weights.npz"), None,
-                    target="coco/weights"),
-    )
-    yield namedtuple("Site", "base artifacts dataset")(base, artifacts, data)
-    server.shutdown()
 
 
 def _tree(root: Path) -> dict[str, bytes]:
@@ -128,7 +84,7 @@ def test_interrupted_upload_resumes_and_reuploads_changed_files(aws_env, coco_si
 
     (src / "annotations" / "instances_val2017.json").write_text("{}")  # changed since the first try
     resumed = s3sync.upload_tree(session, src, "staging-bucket", "data", concurrency=1, progress=False, client=client)
-    changed_was_uploaded = any(u.endswith("data/annotations/instances_val2017.json") for u in puts[:k])
+    changed_was_uploaded = any("data/annotations/instances_val2017.json" in u for u in puts[:k])
     assert changed_was_uploaded  # files go in sorted order: annotations first
     assert len(resumed.skipped) == k - 1  # the changed file is uploaded again, the other k - 1 skipped
     assert len(resumed.skipped) + len(resumed.transferred) == n_files
