@@ -134,13 +134,13 @@ def run_single_host(job: Job) -> None:
         raise JobError(f"training exited with status {rc}: {headline}\n\nlast output:\n" + "\n".join(tail))
 
 
-def _shared_ssh_key(job: Job) -> None:
+def _shared_ssh_key(job: Job) -> Path:
     """Install this job's SSH key for root: the leader creates it on the shared log channel, the
     other hosts wait for it. Host keys are generated here too (none ship in the image)."""
     shared = Path(job.logdir).parent / ".ssh" / (os.environ.get("TRAINING_JOB_NAME") or "job")
     key = shared / "id_rsa"
     if job.is_leader and not key.exists():
-        shared.mkdir(parents=True, exist_ok=True)
+        shared.mkdir(mode=0o700, parents=True, exist_ok=True)
         tmp = shared / "tmp_id_rsa"
         for p in (tmp, Path(str(tmp) + ".pub")):
             p.unlink(missing_ok=True)
@@ -159,16 +159,20 @@ def _shared_ssh_key(job: Job) -> None:
     (SSH_DIR / "config").write_text("Host *\n  StrictHostKeyChecking no\n  UserKnownHostsFile /dev/null\n")
     subprocess.run(["ssh-keygen", "-A"], check=True)
     Path("/run/sshd").mkdir(exist_ok=True)
+    return shared
 
 
 def run_multi_host(job: Job) -> None:
-    from sagemaker_training import environment, errors, mpi
+    from sagemaker_training import environment, mpi
 
     if "/input/data/log/" not in job.logdir + "/":
         raise JobError("a multi-host job needs the 'log' channel (EFS, read-write): the hosts share the job's "
                        "SSH key and the checkpoints there")
-    _shared_ssh_key(job)
-    env_vars = horovod_env(efa=False)
+    shared_key_dir = _shared_ssh_key(job)
+    # Exported to every rank by name (mpirun -x NAME): Horovod/NCCL settings and what the
+    # training code needs to import (remote ranks start from sshd's clean environment).
+    env_vars = {**horovod_env(efa=False), "PYTHONPATH": os.environ.get("PYTHONPATH", ""),
+                "TF_USE_LEGACY_KERAS": "1"}
     os.environ.update(env_vars)
     if job.is_leader:
         Path(environment.code_dir).mkdir(parents=True, exist_ok=True)
@@ -178,8 +182,10 @@ def run_multi_host(job: Job) -> None:
                                   sorted(job.hosts), "", job.network_interface, instance_type=job.instance_type)
         try:
             runner.run(wait=True, capture_error=True)
-        except errors.ExecuteUserScriptError as err:
+        except Exception as err:  # the toolkit raises ExecuteUserScriptError or a subclass named for the error
             raise JobError(f"training failed on the cluster: {err}") from None
+        finally:
+            shutil.rmtree(shared_key_dir, ignore_errors=True)  # every host has its copy by now
     else:
         mpi.WorkerRunner(RANK_SCRIPT, train_args(job), env_vars, job.processes_per_host, job.leader,
                          job.current_host).run(wait=True)

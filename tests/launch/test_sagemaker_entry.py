@@ -16,13 +16,14 @@ from training.data import synthetic
 REPO = Path(__file__).resolve().parents[2]
 
 
-def fabricate(base: Path, *, hyperparameters: dict, channels: dict[str, Path | None]) -> Path:
+def fabricate(base: Path, *, hyperparameters: dict, channels: dict[str, Path | None],
+              hosts=("algo-1",), current_host="algo-1") -> Path:
     """An /opt/ml tree: config files plus channel directories (None: create an empty one)."""
     config = base / "input" / "config"
     config.mkdir(parents=True)
     (config / "hyperparameters.json").write_text(json.dumps(hyperparameters))
     (config / "resourceconfig.json").write_text(json.dumps(
-        {"current_host": "algo-1", "hosts": ["algo-1"], "network_interface_name": "eth0",
+        {"current_host": current_host, "hosts": list(hosts), "network_interface_name": "eth0",
          "current_instance_type": "ml.m5.xlarge"}))
     (config / "inputdataconfig.json").write_text(json.dumps(
         {name: {"TrainingInputMode": "File"} for name in channels}))
@@ -77,6 +78,37 @@ def test_bad_hyperparameter_fails_before_training(tmp_path, dataset):
     failure = (base / "output" / "failure").read_text()
     assert failure.startswith("bad hyperparameters: hyperparameter batch_norm='BatchNorm'")
     assert "[entry] FAILED" in result.stderr
+
+
+def test_multi_host_job_needs_the_shared_log_channel(tmp_path, dataset):
+    base = fabricate(tmp_path / "ml", hyperparameters={}, channels={"train": dataset},
+                     hosts=("algo-2", "algo-1"), current_host="algo-2")
+    result = run_entry(base)
+    assert result.returncode != 0
+    assert "host algo-2 of ['algo-1', 'algo-2']" in result.stdout
+    assert (base / "output" / "failure").read_text().startswith("a multi-host job needs the 'log' channel")
+
+
+def test_plan_picks_leader_logdir_and_processes(tmp_path, dataset, monkeypatch):
+    from launch.sagemaker import entry
+
+    class Env:  # the attributes entry.plan reads from sagemaker_training's Environment
+        channel_input_dirs = {"train": str(dataset), "log": str(tmp_path)}
+        hyperparameters = {"backbone_weights": "weights/R50.npz", "batch_size_per_gpu": 4}
+        additional_framework_parameters = {}
+        model_dir, num_gpus, network_interface_name = "/opt/ml/model", 8, "eth0"
+        hosts, current_host, current_instance_type = ["algo-2", "algo-1"], "algo-1", "ml.p4d.24xlarge"
+
+    monkeypatch.setenv("TRAINING_JOB_NAME", "job-7")
+    job = entry.plan(Env())
+    assert (job.leader, job.is_leader, job.processes_per_host) == ("algo-1", True, 8)
+    assert job.logdir == str(tmp_path / "job-7")
+    assert f"BACKBONE.WEIGHTS='{dataset}/weights/R50.npz'" in job.overrides
+    assert "TRAIN.BATCH_SIZE_PER_GPU=4" in job.overrides
+    monkeypatch.setenv(entry.RUN_NAME_ENV, "resume-me")
+    Env.additional_framework_parameters = {entry.PROCESSES_PER_HOST_PARAM: 2}
+    job = entry.plan(Env())
+    assert (job.logdir, job.processes_per_host) == (str(tmp_path / "resume-me"), 2)
 
 
 @pytest.mark.slow
