@@ -27,7 +27,7 @@ if not __package__:
     # Run as a file (SageMaker's entry_script): make the `script_mode` package importable.
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import argparse  # noqa: E402
+import argparse  # noqa: E402  (type hints)
 import json  # noqa: E402
 import socket  # noqa: E402
 import tempfile  # noqa: E402
@@ -38,37 +38,10 @@ import tensorflow as tf  # noqa: E402
 
 from script_mode import cluster as cl  # noqa: E402
 from script_mode import data as digits_data  # noqa: E402
+from script_mode.hyperparameters import parse_args  # noqa: E402
 
-STRATEGIES = ("auto", "ps", "horovod", "single")
 METRICS_FILE = "metrics.json"
 SAVED_MODEL_DIR = "1"  # a numeric version folder, as TensorFlow Serving expects
-
-
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description="Train the digit classifier (script mode).")
-    # Both spellings: SageMaker passes hyperparameter names verbatim (`--batch_size 64`).
-    p.add_argument("--strategy", choices=STRATEGIES, default="auto")
-    p.add_argument("--epochs", type=int, default=4)
-    p.add_argument("--batch-size", "--batch_size", dest="batch_size", type=int, default=64,
-                   help="images per step on each worker / rank")
-    p.add_argument("--learning-rate", "--learning_rate", dest="learning_rate", type=float,
-                   default=2e-3)
-    p.add_argument("--target-accuracy", "--target_accuracy", dest="target_accuracy", type=float,
-                   default=0.9, help="report the training time at which test accuracy reaches this")
-    p.add_argument("--threads", type=int, default=0,
-                   help="TensorFlow threads per process (0: TensorFlow decides)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--model-dir", "--model_dir", dest="model_dir",
-                   default=os.environ.get("SM_MODEL_DIR", "runs/script_mode/model"))
-    p.add_argument("--data-dir", "--data_dir", dest="data_dir",
-                   default=os.environ.get("SM_CHANNEL_TRAINING", "data/script_mode"))
-    p.add_argument("--startup-timeout", "--startup_timeout", dest="startup_timeout", type=float,
-                   default=600.0, help="seconds a worker/ps waits for the chief to appear")
-    a = p.parse_args(argv)
-    for name in ("epochs", "batch_size"):
-        if getattr(a, name) < 1:
-            p.error(f"--{name} must be at least 1, got {getattr(a, name)}")
-    return a
 
 
 # ---------------------------------------------------------------- model, data, evaluation

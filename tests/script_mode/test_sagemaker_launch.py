@@ -1,0 +1,151 @@
+"""launch/sagemaker/script_mode.py against a moto server: the CreateTrainingJob request that
+reaches it, and the code/driver files ModelTrainer staged in the stack's bucket."""
+import json
+
+import boto3
+import pytest
+
+from infra import outputs
+from launch.sagemaker import script_mode as launcher
+from launch.sagemaker.script_mode import ScriptModeJob
+
+BUCKET = "script-mode-test-bucket"
+STACK_IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/cdk-hnb659fds-container-assets:abc"
+STACK_OUTPUTS = {
+    outputs.TRAINING_IMAGE_URI: STACK_IMAGE,
+    outputs.TRAINING_ROLE_ARN: "arn:aws:iam::123456789012:role/SageMakerTrainingRole",
+    outputs.FILE_SYSTEM_ID: "fs-0123456789abcdef0",
+    outputs.BUCKET_NAME: BUCKET,
+    outputs.PRIVATE_SUBNET_IDS: "subnet-0aaa1111bbbb2222c,subnet-0ddd3333eeee4444f",
+    outputs.TRAINING_SECURITY_GROUP_ID: "sg-0123456789abcdef0",
+}
+VPC = {"SecurityGroupIds": ["sg-0123456789abcdef0"],
+       "Subnets": ["subnet-0aaa1111bbbb2222c", "subnet-0ddd3333eeee4444f"]}
+
+
+@pytest.fixture
+def sagemaker_env(aws_env, tmp_path, monkeypatch):
+    """moto plus the SDK settings that keep it local (NOTES.md): no IAM role simulation, no
+    telemetry. A fake SageMakerStack with the outputs the launcher reads, and its bucket."""
+    config = tmp_path / "sagemaker-config.yaml"
+    config.write_text("SchemaVersion: '1.0'\nSageMaker:\n  PythonSDK:\n    Modules:\n"
+                      "      TelemetryOptOut: true\n")
+    monkeypatch.setenv("SAGEMAKER_USER_CONFIG_OVERRIDE", str(config))
+    monkeypatch.setenv("SAGEMAKER_VALIDATE_ROLE", "false")
+    session = boto3.session.Session()
+    session.client("s3").create_bucket(Bucket=BUCKET)
+    template = {"Resources": {"Placeholder": {"Type": "AWS::SNS::Topic"}},
+                "Outputs": {k: {"Value": v} for k, v in STACK_OUTPUTS.items()}}
+    session.client("cloudformation").create_stack(StackName=outputs.SAGEMAKER_STACK,
+                                                  TemplateBody=json.dumps(template))
+    return session
+
+
+def _capture(session):
+    seen = []
+    session.events.register("before-send.sagemaker.CreateTrainingJob",
+                            lambda request, **kw: seen.append(json.loads(request.body)))
+    return seen
+
+
+def _staged(session, channel):
+    """{relative key: bytes} of the S3 prefix a channel of the request points at."""
+    uri = channel["DataSource"]["S3DataSource"]["S3Uri"]
+    bucket, _, prefix = uri[len("s3://"):].partition("/")
+    s3 = session.client("s3")
+    keys = [o["Key"] for o in s3.list_objects_v2(Bucket=bucket, Prefix=prefix).get("Contents", [])]
+    return {k[len(prefix):].lstrip("/"): s3.get_object(Bucket=bucket, Key=k)["Body"].read()
+            for k in keys}
+
+
+def _run(session, tmp_path, **kw):
+    sent = _capture(session)
+    job = ScriptModeJob(data=str(tmp_path / "data"), **kw)
+    launcher.start(job, session=session)
+    assert len(sent) == 1
+    body = sent[0]
+    channels = {c["ChannelName"]: c for c in body["InputDataConfig"]}
+    return body, channels
+
+
+def test_ps_job(sagemaker_env, tmp_path):
+    session = sagemaker_env
+    body, channels = _run(session, tmp_path, strategy="ps", instance_type="ml.c5.2xlarge",
+                          instance_count=3, hyperparameters={"epochs": 6, "batch_size": 128})
+    assert body["TrainingJobName"].startswith("script-mode-ps-")
+    assert body["ResourceConfig"] == {"InstanceType": "ml.c5.2xlarge", "InstanceCount": 3,
+                                      "VolumeSizeInGB": 30}
+    assert body["VpcConfig"] == VPC
+    assert body["RoleArn"] == STACK_OUTPUTS[outputs.TRAINING_ROLE_ARN]
+    assert body["HyperParameters"] == {"strategy": "ps", "epochs": "6", "batch_size": "128"}
+    # AWS's TensorFlow CPU training container of the project's TF version.
+    assert body["AlgorithmSpecification"]["TrainingImage"] == \
+        "763104351884.dkr.ecr.us-east-1.amazonaws.com/tensorflow-training:2.18-cpu-py310"
+    assert body["OutputDataConfig"]["S3OutputPath"] == f"s3://{BUCKET}/script-mode/output"
+    assert set(channels) == {"training", "code", "sm_drivers"}
+    for c in channels.values():
+        assert c["DataSource"]["S3DataSource"]["S3Uri"].startswith(f"s3://{BUCKET}/script-mode/")
+    # The generated digits went to the training channel; only the package went as code.
+    assert list(_staged(session, channels["training"])) == ["digits.npz"]
+    code = _staged(session, channels["code"])
+    assert "script_mode/train.py" in code and "script_mode/sagemaker_ps.py" in code
+    assert all(k.startswith("script_mode/") and "__pycache__" not in k for k in code)
+    drivers = _staged(session, channels["sm_drivers"])
+    # Every instance runs the per-instance ps entry with the hyperparameters as arguments.
+    assert json.loads(drivers["sourcecode.json"])["entry_script"] == "script_mode/sagemaker_ps.py"
+    assert json.loads(drivers["distributed.json"]) == {}
+    assert b"basic_script_driver.py" in drivers["sm_train.sh"]
+
+
+def test_horovod_job(sagemaker_env, tmp_path):
+    session = sagemaker_env
+    body, channels = _run(session, tmp_path, strategy="horovod", instance_type="ml.m5.xlarge",
+                          instance_count=2, processes_per_host=2)
+    assert body["ResourceConfig"] == {"InstanceType": "ml.m5.xlarge", "InstanceCount": 2,
+                                      "VolumeSizeInGB": 30}
+    assert body["VpcConfig"] == VPC
+    assert body["HyperParameters"] == {"strategy": "horovod"}
+    assert body["Environment"] == {"TF_USE_LEGACY_KERAS": "1"}
+    # The project's image: Horovod built with MPI.
+    assert body["AlgorithmSpecification"]["TrainingImage"] == STACK_IMAGE
+    drivers = _staged(session, channels["sm_drivers"])
+    assert json.loads(drivers["sourcecode.json"])["entry_script"] == "script_mode/train.py"
+    assert json.loads(drivers["distributed.json"]) == {
+        "process_count_per_node": 2, "mpi_additional_options": ["-x", "TF_USE_LEGACY_KERAS"]}
+    assert b"mpi_driver.py" in drivers["sm_train.sh"]
+
+
+def test_image_override(sagemaker_env, tmp_path):
+    body, _ = _run(sagemaker_env, tmp_path, strategy="horovod", image_uri="my/image:1")
+    assert body["AlgorithmSpecification"]["TrainingImage"] == "my/image:1"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--strategy", "allreduce"], "unknown strategy 'allreduce'"),
+    (["--strategy", "ps", "--instance-count", "1"], "needs at least 2 instances"),
+    (["--strategy", "horovod", "--instance-count", "0"], "instance count must be at least 1"),
+    (["--strategy", "horovod", "--processes-per-host", "0"], "must be at least 1"),
+    (["--strategy", "ps", "--processes-per-host", "2"], "applies only to --strategy horovod"),
+    (["--strategy", "ps", "--instance-type", "ml.p3.2xlarge"], "not a CPU training type"),
+    (["--strategy", "ps", "-H", "epoch=3"], "unknown hyperparameter 'epoch'"),
+    (["--strategy", "ps", "-H", "epochs=0"], "epochs must be at least 1"),
+    (["--strategy", "ps", "-H", "strategy=horovod"], "set the strategy with --strategy"),
+    (["--strategy", "ps", "-H", "epochs"], "must be NAME=VALUE"),
+    (["--strategy", "ps", "--stack", "NoSuchStack"], "stack 'NoSuchStack' does not exist"),
+])
+def test_bad_input_is_refused_before_anything_is_sent(sagemaker_env, tmp_path, capsys, args,
+                                                       message):
+    session = sagemaker_env
+    assert launcher.main([*args, "--data", str(tmp_path / "data")]) == 2
+    assert message in capsys.readouterr().err
+    assert session.client("sagemaker").list_training_jobs()["TrainingJobSummaries"] == []
+    assert not (tmp_path / "data").exists()  # not even the data was generated
+
+
+def test_dry_run_prints_the_request_and_creates_no_job(sagemaker_env, tmp_path, capsys):
+    assert launcher.main(["--strategy", "horovod", "--instance-count", "3", "--dry-run",
+                          "--data", str(tmp_path / "data")]) == 0
+    request = json.loads(capsys.readouterr().out)
+    assert request["ResourceConfig"]["InstanceCount"] == 3
+    assert request["HyperParameters"] == {"strategy": "horovod"}
+    assert sagemaker_env.client("sagemaker").list_training_jobs()["TrainingJobSummaries"] == []
