@@ -22,7 +22,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", default=str(REPO_ROOT / "data" / "synthetic"), help="dataset dir (created if missing)")
-    p.add_argument("--logdir", default="", help="default: train_log/local-<UTC time>")
+    p.add_argument("--logdir", default="", help="default: runs/local-<UTC time>")
     p.add_argument("--np", type=int, default=2, help="Horovod processes")
     p.add_argument("--preset", default="cpu_synthetic")
     p.add_argument("--config", nargs="*", default=[], metavar="KEY=VALUE", help="extra config overrides")
@@ -53,7 +53,7 @@ def main(argv=None) -> int:
     data = Path(args.data).resolve()
     start = time.time()
     ensure_dataset(data, getattr(preset, "DATASET", {}))
-    logdir = Path(args.logdir or REPO_ROOT / "train_log" / time.strftime("local-%Y%m%d-%H%M%S", time.gmtime())).resolve()
+    logdir = Path(args.logdir or REPO_ROOT / "runs" / time.strftime("local-%Y%m%d-%H%M%S", time.gmtime())).resolve()
     cmd = [horovodrun(), "-np", str(args.np), "-H", f"localhost:{args.np}", "--gloo",
            sys.executable, "-m", "training.train", "--logdir", str(logdir), "--preset", args.preset,
            "--config", f"DATA.BASEDIR={str(data)!r}", *args.config]

@@ -1,0 +1,73 @@
+"""config.finalize: validation messages, derived values and the LR schedule."""
+import pytest
+
+from training.config import ConfigError, finalize, learning_rate_at, new_config
+
+
+def _cfg(*overrides):
+    cfg = new_config()
+    cfg.update_args(list(overrides))
+    return cfg
+
+
+def test_defaults_derive_tensorpack_schedule():
+    cfg = finalize(_cfg(), num_ranks=8, class_names=["BG", "a", "b"], has_gpu=True)
+    t = cfg.TRAIN
+    assert t.NUM_GPUS == 8 and t.STEPS_PER_EPOCH == 15000
+    assert t.LR_BOUNDARIES == [240000, 320000] and t.MAX_STEPS == 360000 and t.MAX_EPOCH == 24
+    assert t.SCALED_LR == pytest.approx(0.01)
+    assert cfg.DATA.NUM_CATEGORY == 2 and cfg.BACKBONE.DATA_FORMAT == "NCHW"
+
+
+def test_step_schedule_scales_with_global_batch():
+    cfg = finalize(_cfg("TRAIN.BATCH_SIZE_PER_GPU=4"), num_ranks=32, has_gpu=False)
+    t = cfg.TRAIN
+    # global batch 128 = 16x the reference 8: 16x fewer steps, 16x the LR, warmup 16x shorter
+    assert t.LR_BOUNDARIES == [15000, 20000] and t.MAX_STEPS == 22500
+    assert t.SCALED_LR == pytest.approx(0.16) and t.WARMUP_STEPS == 62
+    assert cfg.BACKBONE.DATA_FORMAT == "NHWC"
+
+
+def test_epoch_schedule_and_warmup():
+    cfg = finalize(_cfg("TRAIN.LR_EPOCH_SCHEDULE=[(16, 0.1), (20, 0.01), (24, None)]",
+                        "TRAIN.BATCH_SIZE_PER_GPU=4", "TRAIN.IMAGES_PER_EPOCH=1000", "TRAIN.WARMUP=80"),
+                   num_ranks=2, has_gpu=False)
+    t = cfg.TRAIN
+    assert t.STEPS_PER_EPOCH == 125 and t.LR_BOUNDARIES == [2000, 2500] and t.MAX_STEPS == 3000
+    assert t.LR_MULTIPLIERS == [1.0, 0.1, 0.01] and t.WARMUP_STEPS == 80
+    assert learning_rate_at(cfg, 0) == pytest.approx(t.WARMUP_INIT_LR)
+    assert learning_rate_at(cfg, 40) == pytest.approx(0.5 * t.WARMUP_INIT_LR + 0.5 * t.SCALED_LR)
+    assert learning_rate_at(cfg, 1000) == pytest.approx(t.SCALED_LR)
+    assert learning_rate_at(cfg, 2100) == pytest.approx(t.SCALED_LR * 0.1)
+    assert learning_rate_at(cfg, 2999) == pytest.approx(t.SCALED_LR * 0.01)
+
+
+@pytest.mark.parametrize("override, message", [
+    ("BACKBONE.RESNET_NUM_BLOCKS=[3, 4]", "unknown backbone"),
+    ("BACKBONE.BLOCK='dense'", "unknown backbone block"),
+    ("BACKBONE.NORM='BatchNorm'", "FreezeBN, SyncBN, GN, None"),
+    ("TRAIN.BATCH_SIZE_PER_GPU=0", "BATCH_SIZE_PER_GPU"),
+    ("TRAIN.LR_SCHEDULE=[300, 200]", "LR_SCHEDULE"),
+    ("TRAIN.LR_EPOCH_SCHEDULE=[(2, 0.1), (4, 0.5)]", "last"),
+    ("RPN.ANCHOR_SIZES=(32, 64)", "one size per FPN level"),
+    ("FPN.ANCHOR_STRIDES=(4, 6, 8)", "ANCHOR_STRIDES"),
+    ("PREPROC.TRAIN_SHORT_EDGE_SIZE=[800, 600]", "TRAIN_SHORT_EDGE_SIZE"),
+    ("MRCNN.MASK_SIZE=27", "MASK_SIZE"),
+    ("TRAIN.IMAGES_PER_EPOCH=0", "IMAGES_PER_EPOCH"),
+])
+def test_bad_values_are_rejected_with_a_message(override, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
+        finalize(_cfg(override), num_ranks=1, has_gpu=False)
+
+
+def test_unknown_key_and_unparsable_value():
+    with pytest.raises(ConfigError, match="unknown config key"):
+        _cfg("TRAIN.NO_SUCH_KEY=1")
+    with pytest.raises(ConfigError, match="cannot parse"):
+        _cfg("TRAIN.BASE_LR=fast")
+
+
+def test_finalized_config_is_frozen():
+    cfg = finalize(_cfg(), num_ranks=1, has_gpu=False)
+    with pytest.raises(ConfigError):
+        cfg.TRAIN.NEW_KEY = 1
