@@ -18,7 +18,8 @@ from infra.stacks.efs_cluster import EfsClusterStack
 from infra.stacks.network_storage import NetworkStorageStack
 from infra.stacks.sagemaker import SageMakerStack
 
-PROJECT_TAG = ("project", "maskrcnn-on-aws")  # for cost allocation
+# Stack tags: CloudFormation copies them to every resource it creates, for cost allocation.
+PROJECT_TAGS = {"project": "maskrcnn-on-aws"}
 
 
 @dataclass(frozen=True)
@@ -36,16 +37,16 @@ def build(app: cdk.App) -> Stacks:
     """Adds the three stacks to `app`; raises ConfigError on bad context before adding any."""
     config = read_config(app)
     shared = NetworkStorageStack(
-        app, outputs.NETWORK_STORAGE_STACK,
+        app, outputs.NETWORK_STORAGE_STACK, tags=PROJECT_TAGS,
         existing_file_system_id=config.existing_file_system_id,
         efs_throughput_mode=config.efs_throughput_mode)
     stacks = Stacks(
         shared=shared,
-        efs_cluster=EfsClusterStack(app, outputs.EFS_CLUSTER_STACK, shared=shared, config=config),
-        sagemaker=SageMakerStack(app, outputs.SAGEMAKER_STACK, shared=shared, config=config),
+        efs_cluster=EfsClusterStack(app, outputs.EFS_CLUSTER_STACK, tags=PROJECT_TAGS,
+                                    shared=shared, config=config),
+        sagemaker=SageMakerStack(app, outputs.SAGEMAKER_STACK, tags=PROJECT_TAGS,
+                                 shared=shared, config=config),
     )
-    for stack in (stacks.shared, stacks.efs_cluster, stacks.sagemaker):
-        cdk.Tags.of(stack).add(*PROJECT_TAG)
     # cdk-nag's AWS Solutions pack runs on every synth: an unacknowledged finding fails it.
     cdk.Validations.of(app).add_plugins(AwsSolutionsChecks(app))
     return stacks

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from aws_cdk import Aws, Duration, Stack, Tags
+from aws_cdk import ArnFormat, Aws, Duration, Stack, Tags
 from aws_cdk import aws_autoscaling as autoscaling
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_iam as iam
@@ -72,28 +72,39 @@ class GpuCluster(Construct):
                                        "SSH from ssh_cidr")
             master_groups.append(ssh_group)
 
+        # A fixed name, so the node roles can name the secret without referencing the resource
+        # (`<name>-??????` matches exactly this name plus the suffix Secrets Manager appends).
+        # CloudFormation deletes secrets without a recovery window, so the name is free again
+        # as soon as the stack is gone.
+        self.cluster_key_name = f"{stack.stack_name}-cluster-key"
         self.cluster_key = secretsmanager.Secret(
-            self, "ClusterKey",
+            self, "ClusterKey", secret_name=self.cluster_key_name,
             description="SSH private key shared by the cluster nodes. CloudFormation fills it with "
                         "a random placeholder; the master replaces it with a key it generates "
                         "on first boot.")
         acknowledge(
             self.cluster_key, "AwsSolutions-SMG4",
             "The key never leaves the VPC (authorized_keys admits it only from the VPC "
-                   "CIDR) and lives as long as the cluster; rotating it means redeploying the "
-                   "stack, which creates a new secret and key.")
+            "CIDR) and lives as long as the cluster; rotating it means redeploying the "
+            "stack, which creates a new secret and key.")
+        cluster_key_arn = stack.format_arn(
+            service="secretsmanager", resource="secret",
+            resource_name=f"{self.cluster_key_name}-??????",
+            arn_format=ArnFormat.COLON_RESOURCE_NAME)
 
         self.master_address = ec2.CfnEIP(self, "MasterAddress", domain="vpc")
-        self.placement_group = ec2.PlacementGroup(
-            self, "PlacementGroup", strategy=ec2.PlacementGroupStrategy.CLUSTER)
+        # One zone, low-latency network between all nodes (master and workers).
+        self.placement_group = ec2.CfnPlacementGroup(self, "PlacementGroup", strategy="cluster")
 
         self.master_role = self._node_role("MasterRole", "Cluster master node")
         self.worker_role = self._node_role("WorkerRole", "Cluster worker node")
-        self.cluster_key.grant_read(self.master_role)
-        self.cluster_key.grant_read(self.worker_role)
+        for role in (self.master_role, self.worker_role):
+            role.add_to_policy(iam.PolicyStatement(
+                sid="ReadClusterKey", actions=["secretsmanager:GetSecretValue"],
+                resources=[cluster_key_arn]))
         self.master_role.add_to_policy(iam.PolicyStatement(
             sid="PublishClusterKey", actions=["secretsmanager:PutSecretValue"],
-            resources=[self.cluster_key.secret_arn]))
+            resources=[cluster_key_arn]))
         self._allow_address_association(self.master_role)
 
         common_env = {
@@ -199,9 +210,12 @@ class GpuCluster(Construct):
                 volume=ec2.BlockDeviceVolume.ebs(
                     node.ebs_volume_size_gib, encrypted=True, delete_on_termination=True,
                     volume_type=ec2.EbsDeviceVolumeType.GP3))],
-            placement_group=self.placement_group,
             key_pair=key_pair,
         )
+        # By Ref (which is the group's name), set on the L1 resource: CDK's `placement_group`
+        # would use Fn::GetAtt, which the local CloudFormation emulator used in the tests lacks.
+        template.node.default_child.add_property_override(
+            "LaunchTemplateData.Placement.GroupName", self.placement_group.ref)
         for extra in groups[1:]:
             template.add_security_group(extra)
         if node.efa:

@@ -2,7 +2,7 @@
 targets in the private subnets and a security group that admits NFS only from named groups."""
 from __future__ import annotations
 
-from aws_cdk import RemovalPolicy
+from aws_cdk import RemovalPolicy, Stack
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_efs as efs
 from aws_cdk import aws_iam as iam
@@ -59,9 +59,13 @@ class SharedFileSystem(Construct):
         self.file_system_id: str = self.file_system.file_system_id
 
     def grant_client_access(self, grantee: iam.IGrantable) -> None:
-        """Mount and write, for clients that mount with IAM authorization (efs-utils `iam`)."""
-        self.file_system.grant(grantee, "elasticfilesystem:ClientMount",
-                               "elasticfilesystem:ClientWrite")
+        """Mount and write, for clients that mount with IAM authorization (efs-utils `iam`).
+        The ARN is built from the id in the grantee's stack, so only the id crosses stacks."""
+        arn = Stack.of(grantee).format_arn(service="elasticfilesystem", resource="file-system",
+                                           resource_name=self.file_system_id)
+        iam.Grant.add_to_principal(
+            grantee=grantee, resource_arns=[arn],
+            actions=["elasticfilesystem:ClientMount", "elasticfilesystem:ClientWrite"])
 
 
 def allow_nfs_from(scope: Construct, id: str, *, file_system: SharedFileSystem,

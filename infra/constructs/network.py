@@ -35,9 +35,9 @@ class Network(Construct):
             gateway_endpoints={"S3": ec2.GatewayVpcEndpointOptions(
                 service=ec2.GatewayVpcEndpointAwsService.S3)},
             # Flow logs to S3 rather than CloudWatch Logs: no IAM role, and a fraction of the
-            # ingestion price for what is an audit trail.
+            # ingestion price for what is an audit trail. They land under AWSLogs/ in the bucket.
             flow_logs={"FlowLogs": ec2.FlowLogOptions(
-                destination=ec2.FlowLogDestination.to_s3(flow_log_bucket, "vpc-flow-logs/"),
+                destination=ec2.FlowLogDestination.to_s3(flow_log_bucket),
                 traffic_type=ec2.FlowLogTrafficType.ALL)},
         )
 

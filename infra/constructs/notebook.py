@@ -97,7 +97,5 @@ class Notebook(Construct):
             lifecycle_config_name=self.lifecycle_config.attr_notebook_instance_lifecycle_config_name,
             platform_identifier="notebook-al2-v3",
         )
-        # The role's policy must exist before SageMaker starts the notebook with it.
-        self.instance.node.add_dependency(self.role)
         self.notebook_name: str = self.instance.attr_notebook_instance_name
 

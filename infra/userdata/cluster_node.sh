@@ -166,6 +166,7 @@ write_hostfile() {  # write_hostfile WAIT_SECONDS: wait up to that long for ever
     for group in "$MASTER_ASG_NAME" "$WORKER_ASG_NAME"; do
       desired=$(group_field "$group" DesiredCapacity)
       expected=$((expected + desired))
+      # shellcheck disable=SC2016  # the backticks are JMESPath literals, not command substitution
       ids=$(group_field "$group" 'Instances[?LifecycleState==`InService`].InstanceId')
       [[ -z "$ids" || "$ids" == None ]] && continue
       # shellcheck disable=SC2086  # ids is a whitespace-separated list
