@@ -19,9 +19,9 @@ import os
 import sys
 from pathlib import Path
 
-# tf.keras must be Keras 2 (tf-keras): the project's convention, and what Horovod's Keras
-# integration and ParameterServerStrategy were written for. Set before TensorFlow is imported;
-# mpirun on SageMaker does not forward the launcher's environment.
+# tf.keras must be Keras 2 (tf-keras), the project's convention: its variables and optimizers
+# are the ones ParameterServerStrategy knows how to place on ps tasks. Set before TensorFlow is
+# imported, here too, because mpirun on SageMaker forwards only the variables it is told to.
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 if not __package__:
     # Run as a file (SageMaker's entry_script): make the `script_mode` package importable.
