@@ -92,6 +92,7 @@ def test_image_builds_horovod_with_nccl_and_mpi_and_no_git():
     base = re.search(r"ARG CUDA_IMAGE=(\S+)", text).group(1)
     assert base.startswith("nvidia/cuda:") and "cudnn-devel-ubuntu22.04" in base
     assert "openssh-server" in text and "openmpi-bin" in text
+    assert re.search(r"ARG EFA_INSTALLER_VERSION=\d+\.\d+\.\d+", text)  # libfabric + aws-ofi-nccl
 
 
 def test_copied_paths_exist_and_entrypoint_dispatches():
