@@ -91,7 +91,7 @@ class ProgressLogger(Callback):
         for n, v in zip(self._names, values):
             self._sums[n] += float(v)
         self._count += 1
-        step = self.global_step + 1  # the step that just ran
+        step = self.global_step  # MaintainStepCounter (registered first) has counted the step that just ran
         if step % self._period and step != self._max_steps:
             return
         elapsed = time.time() - self._start_time

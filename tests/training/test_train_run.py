@@ -1,0 +1,117 @@
+"""Real training runs on a tiny synthetic dataset: a few steps, resume, predict, bad input.
+
+The trainer runs as a subprocess (``python -m training.train``; Horovod with one process), the
+way horovodrun starts it. Module-scoped: the first run's log dir feeds resume and predict.
+"""
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from training.metrics import EVALUATION_METRICS, TRAINING_METRICS, metric_regex
+
+REPO = Path(__file__).resolve().parents[2]
+TINY = ["TRAIN.IMAGES_PER_EPOCH=8", "TRAIN.LOG_PERIOD=1", "TRAIN.WARMUP=4",
+        "PREPROC.TRAIN_SHORT_EDGE_SIZE=[96, 96]", "PREPROC.TEST_SHORT_EDGE_SIZE=96", "PREPROC.MAX_SIZE=96",
+        "RPN.TRAIN_PER_LEVEL_NMS_TOPK=100", "RPN.TEST_PER_LEVEL_NMS_TOPK=100"]
+
+
+def run_module(module, *args, timeout=600):
+    env = dict(os.environ, TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1",
+               PYTHONPATH=str(REPO))
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def tiny_dataset(tmp_path_factory):
+    from training.data.synthetic import SyntheticSpec, generate
+    out = tmp_path_factory.mktemp("tiny_shapes")
+    generate(out, SyntheticSpec(train=12, val=4, size=96, max_object_size=48, seed=3))
+    return out
+
+
+def train_args(logdir, data, epochs, *extra):
+    return ["--logdir", str(logdir), "--preset", "cpu_synthetic", "--config", f"DATA.BASEDIR={str(data)!r}",
+            f"TRAIN.LR_EPOCH_SCHEDULE=[(1, 0.5), ({epochs}, None)]", *TINY, *extra]
+
+
+@pytest.fixture(scope="module")
+def trained(tiny_dataset, tmp_path_factory):
+    logdir = tmp_path_factory.mktemp("run") / "log"
+    proc = run_module("training.train", *train_args(logdir, tiny_dataset, 2))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return logdir, proc.stdout
+
+
+@pytest.mark.slow
+def test_few_step_training_run_writes_checkpoint_events_metrics(trained):
+    logdir, out = trained
+    # 8 images per epoch at 2 images per step: 4 steps per epoch, 2 epochs
+    assert (logdir / "checkpoint").exists() and (logdir / "model-8.index").exists()
+    assert list(logdir.glob("events.out.tfevents.*")), "no TensorBoard events"
+    assert "step 8/8" in out and "images/s" in out and "ETA" in out
+    for name in TRAINING_METRICS + EVALUATION_METRICS:  # every seed-002 metric, in the form its regex reads
+        values = [m.group(1) for line in out.splitlines() if (m := re.fullmatch(metric_regex(name), line))]
+        assert values, f"no log line for {name}"
+        float(values[-1])
+    history = json.loads((logdir / "eval_results.json").read_text())
+    assert history[-1]["global_step"] == 8 and set(EVALUATION_METRICS) <= set(history[-1])
+    assert json.loads((logdir / "config.json").read_text())["TRAIN"]["MAX_STEPS"] == 8
+
+
+@pytest.mark.slow
+def test_resume_continues_at_the_saved_step(trained, tiny_dataset):
+    logdir, _ = trained
+    proc = run_module("training.train", *train_args(logdir, tiny_dataset, 3))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "at step 8" in proc.stdout  # "resuming from .../model-8 at step 8"
+    steps = [int(m.group(1)) for m in re.finditer(r"^step (\d+)/12 ", proc.stdout, re.M)]
+    assert steps and steps[0] == 9 and steps[-1] == 12
+    assert (logdir / "model-12.index").exists()
+    # a finished schedule is not trained again
+    again = run_module("training.train", *train_args(logdir, tiny_dataset, 3))
+    assert again.returncode == 0 and "nothing to train" in again.stdout
+
+
+@pytest.mark.slow
+def test_predict_writes_coco_results(trained, tiny_dataset, tmp_path):
+    logdir, _ = trained
+    out = tmp_path / "results.json"
+    proc = run_module("training.predict", "--checkpoint", str(logdir), "--split", "val2017", "--output", str(out),
+                      "--config", f"DATA.BASEDIR={str(tiny_dataset)!r}")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    results = json.loads(out.read_text())
+    assert isinstance(results, list)
+    from pycocotools.coco import COCO
+    gt = COCO(str(tiny_dataset / "annotations" / "instances_val2017.json"))
+    for r in results:
+        assert set(r) >= {"image_id", "category_id", "bbox", "score", "segmentation"}
+        assert r["image_id"] in gt.getImgIds() and r["category_id"] in gt.getCatIds()
+    if results:
+        gt.loadRes(results)
+    images = tmp_path / "images"
+    images.mkdir()
+    for p in sorted((tiny_dataset / "val2017").iterdir())[:2]:
+        (images / p.name).write_bytes(p.read_bytes())
+    out2 = tmp_path / "folder.json"
+    proc = run_module("training.predict", "--checkpoint", str(logdir), "--images", str(images), "--output", str(out2))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert all(r["file_name"] in {p.name for p in images.iterdir()} for r in json.loads(out2.read_text()))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("extra, message", [
+    (["TRAIN.BATCH_SIZE_PER_GPU=0"], "BATCH_SIZE_PER_GPU"),
+    (["BACKBONE.NORM='BatchNorm'"], "FreezeBN, SyncBN, GN, None"),
+    (["DATA.TRAIN=('no_such_split',)"], "no_such_split"),
+])
+def test_bad_input_stops_before_training(tiny_dataset, tmp_path, extra, message):
+    proc = run_module("training.train", *train_args(tmp_path / "log", tiny_dataset, 2, *extra))
+    assert proc.returncode == 2
+    assert message in proc.stderr
+    assert not (tmp_path / "log").exists()
