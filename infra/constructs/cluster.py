@@ -151,22 +151,28 @@ class GpuCluster(Construct):
             "SSM Session Manager is how users reach the nodes when no ssh_cidr is set. AWS "
             "maintains this policy as the minimum the SSM agent needs; a copy would drift from "
             "the agent's requirements.")
-        # Node discovery for the hostfile: these Describe calls have no resource-level scoping.
+        # Node discovery for the hostfile (boot script and launch/cluster in the container):
+        # these Describe calls have no resource-level scoping.
         role.add_to_policy(iam.PolicyStatement(
             sid="DiscoverClusterNodes",
-            actions=["autoscaling:DescribeAutoScalingGroups", "ec2:DescribeInstances"],
+            actions=["autoscaling:DescribeAutoScalingGroups", "ec2:DescribeInstances",
+                     "ec2:DescribeInstanceTypes"],
             resources=["*"]))
         # The boot script reports success or failure to CloudFormation (the groups' creation
         # policy), so `cdk deploy` finishes only when the nodes are ready.
         role.add_to_policy(iam.PolicyStatement(
             sid="SignalBootResult", actions=["cloudformation:SignalResource"],
             resources=[Aws.STACK_ID]))
+        # launch/ on the nodes reads this stack's outputs (bucket, file system, image).
+        role.add_to_policy(iam.PolicyStatement(
+            sid="ReadOwnStackOutputs", actions=["cloudformation:DescribeStacks"],
+            resources=[Aws.STACK_ID]))
         acknowledge(
             role, "AwsSolutions-IAM5[Resource::*]",
             "Resource '*' only where AWS offers no resource-level scoping: "
-            "autoscaling:DescribeAutoScalingGroups and ec2:DescribeInstances (hostfile "
-            "discovery) and ecr:GetAuthorizationToken (docker login). Image pull itself is "
-            "scoped to the assets repository.")
+            "autoscaling:DescribeAutoScalingGroups, ec2:DescribeInstances and "
+            "ec2:DescribeInstanceTypes (hostfile discovery) and ecr:GetAuthorizationToken "
+            "(docker login). Image pull itself is scoped to the assets repository.")
         return role
 
     def _allow_address_association(self, role: iam.Role) -> None:

@@ -9,6 +9,7 @@
 #   /etc/maskrcnn/hostfile              "IP slots=GPUS" for the InService nodes, master first
 #   container "maskrcnn"                $TRAINING_IMAGE_URI running `cluster-node` (sshd on
 #                                       $SSH_PORT), restarted by Docker after a reboot
+#   /usr/local/bin/maskrcnn-train       the one command that starts training (on the master)
 set -Eeuo pipefail
 exec > >(tee -a /var/log/maskrcnn-boot.log) 2>&1
 
@@ -151,6 +152,16 @@ start_container() {
     "$TRAINING_IMAGE_URI" cluster-node
 }
 
+install_train_command() {
+  cat > /usr/local/bin/maskrcnn-train <<'WRAPPER'
+#!/bin/bash
+# Starts distributed training on every cluster node from here (the master): launch/cluster/run.py
+# inside the maskrcnn container; arguments are KEY=VALUE config overrides.
+exec docker exec -i maskrcnn maskrcnn-entrypoint cluster-train "$@"
+WRAPPER
+  chmod 0755 /usr/local/bin/maskrcnn-train
+}
+
 group_field() {  # group_field GROUP_NAME JMESPATH
   aws autoscaling describe-auto-scaling-groups --auto-scaling-group-names "$1" \
     --query "AutoScalingGroups[0].$2" --output text
@@ -164,13 +175,13 @@ write_hostfile() {  # write_hostfile WAIT_SECONDS: wait up to that long for ever
     have=0
     : > "$tmp"
     for group in "$MASTER_ASG_NAME" "$WORKER_ASG_NAME"; do
-      desired=$(group_field "$group" DesiredCapacity)
+      desired=$(retry 5 5 group_field "$group" DesiredCapacity)
       expected=$((expected + desired))
       # shellcheck disable=SC2016  # the backticks are JMESPath literals, not command substitution
-      ids=$(group_field "$group" 'Instances[?LifecycleState==`InService`].InstanceId')
+      ids=$(retry 5 5 group_field "$group" 'Instances[?LifecycleState==`InService`].InstanceId')
       [[ -z "$ids" || "$ids" == None ]] && continue
       # shellcheck disable=SC2086  # ids is a whitespace-separated list
-      for ip in $(aws ec2 describe-instances --instance-ids $ids \
+      for ip in $(retry 5 5 aws ec2 describe-instances --instance-ids $ids \
                     --query 'Reservations[].Instances[].PrivateIpAddress' --output text \
                   | tr '\t' '\n' | sort -V); do
         if [[ -s "$REGISTRY/$ip" ]]; then
@@ -198,6 +209,7 @@ if [[ "$ROLE" == master ]]; then
 fi
 install_cluster_key
 start_container
+install_train_command
 if [[ "$ROLE" == master ]]; then
   write_hostfile 1200  # workers boot in parallel; launch/ rewrites the hostfile at launch anyway
 else

@@ -297,7 +297,8 @@ def test_user_data_writes_the_node_contract(default_synth, prefix, role):
                      '-v /etc/maskrcnn:/etc/maskrcnn:ro', "cluster-node", "nvidia-smi -L",
                      "/etc/maskrcnn/hostfile", "/etc/maskrcnn/ssh", "secretsmanager",
                      "nfsvers=4.1,rsize=1048576,wsize=1048576,hard,timeo=600,retrans=2",
-                     "/etc/fstab", "no-agent-forwarding"):
+                     "/etc/fstab", "no-agent-forwarding", "/usr/local/bin/maskrcnn-train",
+                     "maskrcnn-entrypoint cluster-train"):
         assert fragment in text, fragment
     assert "aws ecr get-login " not in text and "ForwardAgent" not in text
     # EC2 refuses user data over 16 KB.
