@@ -125,7 +125,8 @@ def run_single_host(job: Job) -> None:
     train = [sys.executable, "-m", "training.train", *train_args(job)]
     if job.processes_per_host > 1:
         n = job.processes_per_host
-        train = ["horovodrun", "-np", str(n), "-H", f"localhost:{n}", *train]
+        horovodrun = shutil.which("horovodrun") or str(Path(sys.executable).with_name("horovodrun"))
+        train = [horovodrun, "-np", str(n), "-H", f"localhost:{n}", *train]
     rc, tail = _run_streaming(train)
     if rc != 0:
         # SageMaker shows the first 1024 characters as FailureReason: the error line first.

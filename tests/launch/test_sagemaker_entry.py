@@ -1,6 +1,7 @@
 """The SageMaker container entry, run as SageMaker runs it, on a fabricated /opt/ml tree.
 
-One host, CPU, synthetic data; $SAGEMAKER_BASE_DIR points sagemaker-training at the temp tree.
+One host, CPU, synthetic data (one process, or two under horovodrun); $SAGEMAKER_BASE_DIR points
+sagemaker-training at the temp tree.
 """
 import json
 import os
@@ -124,8 +125,9 @@ def test_failing_training_gives_nonzero_exit_and_its_error(tmp_path):
 
 @pytest.mark.slow
 def test_trains_to_a_model_and_resumes(tmp_path, dataset):
-    base = fabricate(tmp_path / "ml", hyperparameters=tiny_hyperparameters(),
-                     channels={"train": dataset, "log": None})
+    # Two processes on this one CPU host (as on a GPU host with 2 GPUs): horovodrun with Gloo here.
+    hyperparameters = {**tiny_hyperparameters(), "sagemaker_mpi_num_of_processes_per_host": "2"}
+    base = fabricate(tmp_path / "ml", hyperparameters=hyperparameters, channels={"train": dataset, "log": None})
     result = run_entry(base)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     logdir = base / "input" / "data" / "log" / "entry-test-job"
@@ -134,6 +136,8 @@ def test_trains_to_a_model_and_resumes(tmp_path, dataset):
     assert "checkpoint" in model and "config.json" in model
     assert any(n.endswith(".index") for n in model) and any(".data-" in n for n in model)
     assert (base / "output" / "success").exists() and not (base / "output" / "failure").exists()
+    assert "2 process(es) per host" in result.stdout
+    assert "training on 2 rank(s)" in result.stdout
     assert "mAP(bbox)/IoU=0.5:0.95:" in result.stdout  # the metric lines SageMaker scrapes
     # The same job started again (a spot restart) finds its checkpoint and does not train from scratch.
     (base / "output" / "success").unlink()
