@@ -25,6 +25,8 @@ from launch.cluster.hostfile import CLUSTER_ENV, ClusterNode, discover_nodes, re
 from launch.cluster.launch_command import format_command, hostfile_text, mpirun_command, train_command
 from launch.code_version import code_version
 
+CONFIG_ERROR_STATUS = 2  # training.train's exit status for bad configuration or data
+
 
 def healthy_nodes(nodes: list[ClusterNode], runner: health.CommandRunner, *, efs_mount: str,
                   min_nodes: int) -> tuple[list[ClusterNode], str]:
@@ -80,6 +82,9 @@ def main(argv: list[str] | None = None, runner: health.CommandRunner | None = No
         session = boto3.session.Session(region_name=env.get("AWS_REGION"))
         ssh_port = int(env.get("SSH_PORT", 2222))
         runner = runner or health.SshRunner(port=ssh_port)
+        if not any(o.startswith("DATA.BASEDIR=") for o in a.overrides) and not Path(data_dir, "annotations").is_dir():
+            raise LaunchError(f"no COCO dataset at {data_dir} (no annotations/ folder): stage it first "
+                              f"(python -m launch.staging to-efs --efs-dir {data_dir}), or pass --data-dir")
         for attempt in range(a.max_restarts + 1):
             nodes = discover_nodes(session, master_asg=env["MASTER_ASG_NAME"], worker_asg=env.get("WORKER_ASG_NAME"))
             ok, table = healthy_nodes(nodes, runner, efs_mount=efs, min_nodes=a.min_nodes)
@@ -96,6 +101,10 @@ def main(argv: list[str] | None = None, runner: health.CommandRunner | None = No
             if rc == 0:
                 print(f"training finished; logs and checkpoints in {logdir}")
                 return 0
+            if rc == CONFIG_ERROR_STATUS:
+                print(f"training rejected its configuration or data (exit {rc}, see the error above); "
+                      f"fix it and rerun: restarting would not help", file=sys.stderr)
+                return rc
             if attempt == a.max_restarts:
                 print(f"training failed (exit {rc}) after {attempt + 1} attempt(s); "
                       f"rerun the same command to resume from {logdir}", file=sys.stderr)

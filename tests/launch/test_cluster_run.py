@@ -32,7 +32,7 @@ def cluster(aws_env, tmp_path, monkeypatch):
         asg.create_auto_scaling_group(AutoScalingGroupName=name, LaunchTemplate={"LaunchTemplateName": "node-lt"},
                                       MinSize=1, MaxSize=1, DesiredCapacity=1, VPCZoneIdentifier=subnet)
     efs = tmp_path / "efs"
-    efs.mkdir()
+    (efs / "data" / "coco" / "annotations").mkdir(parents=True)
     env_file = tmp_path / "cluster.env"
     env_file.write_text(f"AWS_REGION=us-east-1\nMASTER_ASG_NAME=m-asg\nWORKER_ASG_NAME=w-asg\n"
                         f"EFS_MOUNT={efs}\nSSH_PORT=2222\n")
@@ -103,3 +103,20 @@ def test_efa_only_when_every_node_has_it():
     assert "FI_PROVIDER=efa" in cmd and cmd[cmd.index("-np") + 1] == "16"
     assert hosts == "10.0.0.1 slots=8\n10.0.0.2 slots=8\n"
     assert format_command(cmd).startswith("mpirun --allow-run-as-root -np 16 --hostfile /efs/logs/x/hostfile")
+
+
+def test_configuration_errors_are_not_retried(cluster, tmp_path, capsys):
+    env_file, _, bin_dir = cluster
+    log = tmp_path / "mpirun.log"
+    (bin_dir / "mpirun").write_text(f"#!/bin/sh\necho \"$*\" >> {log}\nexit 2\n")
+    (bin_dir / "mpirun").chmod(0o755)
+    assert run.main(["--cluster-env", str(env_file), "--restart-wait", "0"], runner=health.LocalRunner()) == 2
+    assert len(log.read_text().splitlines()) == 1
+    assert "restarting would not help" in capsys.readouterr().err
+
+
+def test_missing_dataset_is_named_before_anything_starts(cluster, capsys):
+    env_file, efs, _ = cluster
+    assert run.main(["--cluster-env", str(env_file), "--data-dir", str(efs / "nope")],
+                    runner=health.LocalRunner()) == 2
+    assert f"no COCO dataset at {efs / 'nope'}" in capsys.readouterr().err
