@@ -1,0 +1,55 @@
+"""Every model variant builds, trains a step and predicts: Mask R-CNN and Faster R-CNN, FPN and C4."""
+import numpy as np
+import pytest
+
+from training.config import finalize, new_config
+from training.configs.cpu_synthetic import OVERRIDES
+
+
+@pytest.fixture(scope="module")
+def tiny_split(tmp_path_factory):
+    from training.data.coco import load_split
+    from training.data.synthetic import SyntheticSpec, generate
+    out = tmp_path_factory.mktemp("shapes")
+    generate(out, SyntheticSpec(train=4, val=1, size=64, min_object_size=12, max_object_size=32, seed=1))
+    return load_split(out, "train2017")
+
+
+@pytest.mark.parametrize("mode", ["fpn_mask", "c4_mask", "fpn_box_only", "c4_box_only"])
+def test_variant_trains_and_predicts(tf_session, tiny_split, mode):
+    tf, sess = tf_session
+    from tensorpack.tfutils.tower import TowerContext
+    from training.data.pipeline import TrainingBatches, prepare_test_image
+    from training.model.generalized_rcnn import OUTPUT_NAMES, MaskRCNN
+
+    cfg = new_config()
+    cfg.update_args(OVERRIDES + [
+        f"MODE_FPN={mode.startswith('fpn')}", f"MODE_MASK={mode.endswith('mask')}",
+        "PREPROC.TRAIN_SHORT_EDGE_SIZE=[64, 64]", "PREPROC.TEST_SHORT_EDGE_SIZE=64", "PREPROC.MAX_SIZE=64",
+        "RPN.ANCHOR_SIZES=(16, 32, 64, 128)" if mode.startswith("fpn") else "RPN.ANCHOR_SIZES=(16, 32)",
+        "RPN.HEAD_DIM=32", "FRCNN.BATCH_PER_IM=16", "TRAIN.IMAGES_PER_EPOCH=4",
+        "TRAIN.LR_EPOCH_SCHEDULE=[(1, None)]"])
+    finalize(cfg, num_ranks=1, class_names=tiny_split.class_names, has_gpu=False)
+    model = MaskRCNN(cfg)
+    inputs = [tf.compat.v1.placeholder(s.dtype, s.shape, s.name) for s in model.inputs()]
+    with TowerContext("", is_training=True):
+        cost = model.build_graph(*inputs)
+    train_op = model.optimizer().minimize(cost, global_step=tf.compat.v1.train.get_or_create_global_step())
+    with TowerContext("pred", is_training=False), \
+            tf.compat.v1.variable_scope(tf.compat.v1.get_variable_scope(), reuse=True):
+        model.build_graph(*inputs)
+    outputs = [tf.compat.v1.get_default_graph().get_tensor_by_name(f"pred/{n}:0") for n in OUTPUT_NAMES]
+    sess.run(tf.compat.v1.global_variables_initializer())
+    batches = iter(TrainingBatches(tiny_split.training_roidb(), cfg, seed=0))
+    losses = [sess.run([train_op, cost], dict(zip(inputs, next(batches))))[1] for _ in range(2)]
+    assert all(np.isfinite(losses))
+    assert ("maskrcnn_loss/maskrcnn_loss" in model.stats) == cfg.MODE_MASK
+    from training.data.pipeline import read_image
+    image = read_image(tiny_split.roidb[0]["file_name"])
+    batch, hw, _ = prepare_test_image(image, cfg)
+    boxes, scores, labels, masks = sess.run(outputs, {inputs[0]: batch, inputs[1]: hw})
+    assert boxes.shape[1:] == (4,) and len(boxes) == len(scores) == len(labels) == len(masks)
+    assert np.all((labels >= 1) & (labels <= cfg.DATA.NUM_CATEGORY))
+    if cfg.MODE_MASK and len(masks):
+        size = cfg.MRCNN.MASK_SIZE if cfg.MODE_FPN else 2 * cfg.FRCNN.POOLED_SIZE
+        assert masks.shape[1:] == (size, size) and masks.min() >= 0 and masks.max() <= 1

@@ -1,0 +1,66 @@
+"""The training input pipeline: padding, ground truth, masks and RPN targets line up."""
+import itertools
+
+import numpy as np
+import pytest
+
+from training.config import finalize, new_config
+from training.configs.cpu_synthetic import OVERRIDES
+
+
+@pytest.fixture(scope="module")
+def split(tmp_path_factory):
+    from training.data.coco import load_split
+    from training.data.synthetic import SyntheticSpec, generate
+    out = tmp_path_factory.mktemp("shapes")
+    generate(out, SyntheticSpec(train=6, val=1, size=80, min_object_size=16, max_object_size=40, seed=2))
+    return load_split(out, "train2017")
+
+
+def _cfg(split, *extra):
+    cfg = new_config()
+    cfg.update_args(OVERRIDES + ["PREPROC.TRAIN_SHORT_EDGE_SIZE=[72, 88]", "PREPROC.TEST_SHORT_EDGE_SIZE=80",
+                     "PREPROC.MAX_SIZE=100", *extra])
+    return finalize(cfg, num_ranks=1, class_names=split.class_names, has_gpu=False)
+
+
+def test_batches_are_padded_and_consistent(split):
+    from training.data.pipeline import TrainingBatches
+    from training.model.anchors import all_anchors
+    cfg = _cfg(split, "TRAIN.BATCH_SIZE_PER_GPU=3")
+    for batch in itertools.islice(iter(TrainingBatches(split.training_roidb(), cfg, seed=0)), 4):
+        images, image_hw, gt_boxes, gt_labels, num_gt, gt_masks, anchor_labels, anchor_targets = batch
+        b, hp, wp, _ = images.shape
+        assert b == 3 and hp % 32 == 0 and wp % 32 == 0
+        assert np.all(image_hw[:, 0] <= hp) and np.all(image_hw[:, 1] <= wp)
+        assert np.all((image_hw >= 72) & (image_hw <= 100))
+        assert anchor_labels.shape == (3, sum(len(a) for a in all_anchors(cfg, hp, wp)))
+        assert gt_masks.shape == (3, gt_boxes.shape[1], hp, wp)
+        for i in range(b):
+            h, w = image_hw[i]
+            assert not images[i, h:].any() and not images[i, :, w:].any()
+            n = num_gt[i]
+            assert np.all(gt_labels[i, :n] >= 1) and not gt_labels[i, n:].any()
+            for box, mask in zip(gt_boxes[i, :n], gt_masks[i, :n]):
+                ys, xs = np.nonzero(mask)
+                assert len(ys)
+                # the box is the tight box of the (resized, maybe flipped) mask, within a pixel
+                np.testing.assert_allclose([xs.min(), ys.min(), xs.max() + 1, ys.max() + 1], box, atol=1.5)
+            assert (anchor_labels[i] == 1).any()
+            assert (anchor_labels[i] >= 0).sum() <= cfg.RPN.BATCH_PER_IM
+
+
+def test_same_seed_same_batches(split):
+    from training.data.pipeline import TrainingBatches
+    cfg = _cfg(split)
+    a = list(itertools.islice(iter(TrainingBatches(split.training_roidb(), cfg, seed=7)), 3))
+    b = list(itertools.islice(iter(TrainingBatches(split.training_roidb(), cfg, seed=7)), 3))
+    for x, y in zip(a, b):
+        for u, v in zip(x, y):
+            np.testing.assert_array_equal(u, v)
+
+
+def test_missing_image_is_a_clear_error(split, tmp_path):
+    from training.data.pipeline import ImageReadError, read_image
+    with pytest.raises(ImageReadError, match="cannot read image"):
+        read_image(str(tmp_path / "nope.png"))
