@@ -6,7 +6,8 @@ Same data (the generated digits, seed 0), model, per-worker batch size, learning
 for every run:
 - ps: 1 parameter server + 2 workers + a chief, separate processes (asynchronous updates);
 - horovod: 2 ranks over Gloo (synchronous all-reduce);
-- single: one process, as the baseline both should beat.
+- horovod-scaled-lr: the same with the learning rate times the number of ranks (Horovod's advice);
+- single: one process, the baseline.
 Writes bench/results/script_mode_compare.json (every run's metrics.json, plus a summary).
 """
 from __future__ import annotations
@@ -44,6 +45,11 @@ def run_one(strategy: str, data_dir: Path, run_dir: Path, script_args: list[str]
             workers: int, ps: int) -> tuple[dict, float]:
     if strategy == "single":
         return run_single(data_dir, run_dir, script_args)
+    if strategy == "horovod-scaled-lr":
+        # Horovod's usual advice: with N ranks the global batch is N times larger, so scale the
+        # learning rate by N. (The ps strategy keeps one worker's batch per update.)
+        lr = hyperparameters.DEFAULTS["learning_rate"] * workers
+        strategy, script_args = "horovod", [*script_args, "--learning-rate", str(lr)]
     plan = local.make_plan(strategy, workers=workers, ps=ps if strategy == "ps" else None,
                            data_dir=data_dir, run_dir=run_dir, script_args=script_args,
                            timeout_s=1200)
@@ -77,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--target", type=float, default=0.95, help="test accuracy to time")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--ps", type=int, default=1)
-    p.add_argument("--strategies", default="ps,horovod,single")
+    p.add_argument("--strategies", default="ps,horovod,horovod-scaled-lr,single")
     p.add_argument("--out", type=Path, default=OUT)
     a = p.parse_args(argv)
     script_args = ["--epochs", str(a.epochs), "--target-accuracy", str(a.target)]

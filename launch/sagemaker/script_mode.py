@@ -11,10 +11,14 @@ digits are the ``training`` channel (SM_CHANNEL_TRAINING).
 
 - ``ps``: every instance runs ``script_mode/sagemaker_ps.py``, which starts one parameter server
   there plus the chief (first instance) or a worker (the others), each with its own TF_CONFIG.
-  Needs at least 2 instances. Default image: AWS's TensorFlow 2.18 CPU training container.
+  Needs at least 2 instances.
 - ``horovod``: ModelTrainer's MPI driver runs ``mpirun`` over all instances,
-  ``--processes-per-host`` ranks each. Default image: the project's training image (the
-  stack's TrainingImageUri), which has Horovod built with MPI; AWS's TF 2.18 container has none.
+  ``--processes-per-host`` ranks each.
+
+The image is the project's training image (the stack's TrainingImageUri: the same TensorFlow,
+tf-keras and Horovod-with-MPI versions as constraints.txt, and the role may pull it).
+``--aws-tf-image`` uses AWS's TensorFlow 2.18 CPU training container instead (ps only: it has no
+Horovod; the role must be allowed to pull from AWS's repository); ``--image-uri`` any other.
 
 Networking comes from SageMakerStack's outputs (the private subnets and the training security
 group, so instances talk to each other inside one VPC, as the seed recommends); the role and the
@@ -55,7 +59,8 @@ class ScriptModeJob:
     instance_count: int = 2
     processes_per_host: int = 1          # horovod: ranks per instance (e.g. one per core pair)
     hyperparameters: dict[str, Any] = dataclasses.field(default_factory=dict)
-    image_uri: str | None = None         # default per strategy (see module docstring)
+    image_uri: str | None = None         # default: the stack's TrainingImageUri
+    aws_tf_image: bool = False           # AWS's TensorFlow CPU container (ps only)
     data: str = "data/script_mode"       # local folder (digits generated if missing) or s3:// URI
     stack: str = outputs.SAGEMAKER_STACK
     base_job_name: str | None = None     # default: script-mode-<strategy>
@@ -87,6 +92,11 @@ def validate(job: ScriptModeJob) -> None:
                           "strategy runs one worker per instance")
     if job.volume_size_gb < 1 or job.max_run_seconds < 1:
         raise LaunchError("volume size and max run time must be positive")
+    if job.aws_tf_image and job.image_uri:
+        raise LaunchError("pass either --aws-tf-image or --image-uri, not both")
+    if job.aws_tf_image and job.strategy == "horovod":
+        raise LaunchError("AWS's TensorFlow 2.18 training container has no Horovod: drop "
+                          "--aws-tf-image (the project's image has it) or use --strategy ps")
     if "strategy" in job.hyperparameters:
         raise LaunchError("set the strategy with --strategy, not as a hyperparameter")
     try:
@@ -97,10 +107,10 @@ def validate(job: ScriptModeJob) -> None:
         raise LaunchError(f"--data {job.data!r} must be a folder (it holds digits.npz) or an s3:// URI")
 
 
-def default_image(job: ScriptModeJob, session: boto3.session.Session, stack: dict[str, str]) -> str:
+def training_image(job: ScriptModeJob, session: boto3.session.Session, stack: dict[str, str]) -> str:
     if job.image_uri:
         return job.image_uri
-    if job.strategy == "horovod":
+    if not job.aws_tf_image:
         return require_output(stack, outputs.TRAINING_IMAGE_URI, job.stack)
     from sagemaker.core import image_uris
     return image_uris.retrieve(framework="tensorflow", region=session.region_name,
@@ -144,7 +154,7 @@ def build_trainer(session: boto3.session.Session, job: ScriptModeJob, code_dir: 
     if not security_group.startswith("sg-"):
         raise LaunchError(f"output {outputs.TRAINING_SECURITY_GROUP_ID}={security_group!r} of "
                           f"{job.stack} is not a security group id")
-    image = default_image(job, session, stack)
+    image = training_image(job, session, stack)
 
     distributed = None
     if job.strategy == "horovod":
@@ -208,7 +218,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--processes-per-host", type=int, default=1, help="horovod ranks per instance")
     p.add_argument("-H", "--hyperparameter", action="append", metavar="NAME=VALUE",
                    help="the script's hyperparameters: epochs, batch_size, learning_rate, ...")
-    p.add_argument("--image-uri", help="training image (default: see --help text above)")
+    p.add_argument("--image-uri", help="training image (default: the stack's TrainingImageUri)")
+    p.add_argument("--aws-tf-image", action="store_true",
+                   help="ps only: AWS's TensorFlow 2.18 CPU training container")
     p.add_argument("--data", default="data/script_mode",
                    help="local folder with digits.npz (generated if missing) or an s3:// prefix")
     p.add_argument("--stack", default=outputs.SAGEMAKER_STACK)
@@ -224,7 +236,8 @@ def main(argv: list[str] | None = None) -> int:
         job = ScriptModeJob(strategy=a.strategy, instance_type=a.instance_type,
                             instance_count=a.instance_count, processes_per_host=a.processes_per_host,
                             hyperparameters=_hyperparameters(a.hyperparameter),
-                            image_uri=a.image_uri, data=a.data, stack=a.stack,
+                            image_uri=a.image_uri, aws_tf_image=a.aws_tf_image, data=a.data,
+                            stack=a.stack,
                             base_job_name=a.job_name, volume_size_gb=a.volume_size,
                             max_run_seconds=a.max_run)
         validate(job)  # before credentials are even looked for

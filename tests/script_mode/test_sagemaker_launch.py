@@ -59,6 +59,7 @@ def _staged(session, channel):
 
 
 def _run(session, tmp_path, **kw):
+    """One job per test: sagemaker-core caches its client, so a hook added later misses it."""
     sent = _capture(session)
     job = ScriptModeJob(data=str(tmp_path / "data"), **kw)
     launcher.start(job, session=session)
@@ -78,9 +79,7 @@ def test_ps_job(sagemaker_env, tmp_path):
     assert body["VpcConfig"] == VPC
     assert body["RoleArn"] == STACK_OUTPUTS[outputs.TRAINING_ROLE_ARN]
     assert body["HyperParameters"] == {"strategy": "ps", "epochs": "6", "batch_size": "128"}
-    # AWS's TensorFlow CPU training container of the project's TF version.
-    assert body["AlgorithmSpecification"]["TrainingImage"] == \
-        "763104351884.dkr.ecr.us-east-1.amazonaws.com/tensorflow-training:2.18-cpu-py310"
+    assert body["AlgorithmSpecification"]["TrainingImage"] == STACK_IMAGE
     assert body["OutputDataConfig"]["S3OutputPath"] == f"s3://{BUCKET}/script-mode/output"
     assert set(channels) == {"training", "code", "sm_drivers"}
     for c in channels.values():
@@ -106,7 +105,7 @@ def test_horovod_job(sagemaker_env, tmp_path):
     assert body["VpcConfig"] == VPC
     assert body["HyperParameters"] == {"strategy": "horovod"}
     assert body["Environment"] == {"TF_USE_LEGACY_KERAS": "1"}
-    # The project's image: Horovod built with MPI.
+    # The project's image: Horovod built with MPI, mpi4py for the MPI driver.
     assert body["AlgorithmSpecification"]["TrainingImage"] == STACK_IMAGE
     drivers = _staged(session, channels["sm_drivers"])
     assert json.loads(drivers["sourcecode.json"])["entry_script"] == "script_mode/train.py"
@@ -120,6 +119,13 @@ def test_image_override(sagemaker_env, tmp_path):
     assert body["AlgorithmSpecification"]["TrainingImage"] == "my/image:1"
 
 
+def test_aws_tensorflow_image_for_ps(sagemaker_env, tmp_path):
+    # AWS's TensorFlow CPU training container of the project's TensorFlow version.
+    body, _ = _run(sagemaker_env, tmp_path, strategy="ps", aws_tf_image=True)
+    assert body["AlgorithmSpecification"]["TrainingImage"] == \
+        "763104351884.dkr.ecr.us-east-1.amazonaws.com/tensorflow-training:2.18-cpu-py310"
+
+
 @pytest.mark.parametrize("args, message", [
     (["--strategy", "allreduce"], "unknown strategy 'allreduce'"),
     (["--strategy", "ps", "--instance-count", "1"], "needs at least 2 instances"),
@@ -131,6 +137,7 @@ def test_image_override(sagemaker_env, tmp_path):
     (["--strategy", "ps", "-H", "epochs=0"], "epochs must be at least 1"),
     (["--strategy", "ps", "-H", "strategy=horovod"], "set the strategy with --strategy"),
     (["--strategy", "ps", "-H", "epochs"], "must be NAME=VALUE"),
+    (["--strategy", "horovod", "--aws-tf-image"], "has no Horovod"),
     (["--strategy", "ps", "--stack", "NoSuchStack"], "stack 'NoSuchStack' does not exist"),
 ])
 def test_bad_input_is_refused_before_anything_is_sent(sagemaker_env, tmp_path, capsys, args,
