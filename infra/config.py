@@ -61,7 +61,7 @@ class AppConfig:
 
     @classmethod
     def from_context(cls, context: Mapping[str, Any]) -> "AppConfig":
-        """Builds the config from a mapping of context keys (cdk.json merged with `-c` overrides)."""
+        """Builds the config from context (cdk.json's values merged with `-c` overrides)."""
         known = set(cls.keys())
         unknown = sorted(k for k in context if _OWN_KEY.match(k) and k not in known)
         if unknown:
@@ -72,7 +72,7 @@ class AppConfig:
         if missing:
             raise ConfigError(
                 f"context key {missing[0]!r} is missing; cdk.json's \"context\" holds the defaults "
-                "(run from the repository root, or pass -c " f"{missing[0]}=...)")
+                f"(run from the repository root, or pass -c {missing[0]}=...)")
 
         values = {name: parse(name, context.get(name)) for name, parse in _PARSERS.items()}
         config = cls(**values)
@@ -136,7 +136,8 @@ def _bool(key: str, raw: Any) -> bool:
     raise ConfigError(f"context key {key!r} is {raw!r}; allowed: true, false")
 
 
-def _matching(pattern: re.Pattern[str], what: str, optional: bool) -> Callable[[str, Any], str | None]:
+def _matching(pattern: re.Pattern[str], what: str,
+              optional: bool) -> Callable[[str, Any], str | None]:
     def parse(key: str, raw: Any) -> str | None:
         if _is_unset(raw):
             if optional:
@@ -170,7 +171,8 @@ _PARSERS: dict[str, Callable[[str, Any], Any]] = {
     "worker_count": _int_in(WORKER_COUNT),
     "ebs_volume_size_gib": _int_in(EBS_VOLUME_GIB),
     "ssh_cidr": _ssh_cidr,
-    "key_pair_name": _matching(_KEY_PAIR_NAME, "an EC2 key pair name (printable ASCII, up to 255)", True),
+    "key_pair_name": _matching(
+        _KEY_PAIR_NAME, "an EC2 key pair name (printable ASCII, up to 255)", True),
     "efa": _bool,
     "existing_file_system_id": _matching(
         _FILE_SYSTEM_ID, "an EFS id: 'fs-' and 17 (or, for old file systems, 8) lowercase hex "

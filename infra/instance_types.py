@@ -31,7 +31,7 @@ INSTANCE_TYPES: dict[str, InstanceTypeInfo] = {
     "g5.16xlarge": InstanceTypeInfo(gpus=1, efa=True),
     "g5.24xlarge": InstanceTypeInfo(gpus=4, efa=True),
     "g5.48xlarge": InstanceTypeInfo(gpus=8, efa=True),
-    # CPU only: cheap smoke tests of the cluster wiring (boot, EFS, SSH, hostfile); not for training.
+    # CPU only: cheap tests of the cluster wiring (boot, EFS, SSH, hostfile); not for training.
     "c5.xlarge": InstanceTypeInfo(gpus=0, efa=False, note="CPU only, for wiring tests"),
     "m5.xlarge": InstanceTypeInfo(gpus=0, efa=False, note="CPU only, for wiring tests"),
 }

@@ -32,8 +32,8 @@ class LogBucket(Construct):
         )
         acknowledge(
             self.bucket, "AwsSolutions-S1",
-            "This is the access-log bucket itself; logging it into itself would recurse "
-                   "and into another bucket would only move the question.")
+            "This is the access-log bucket itself; logging it into itself would recurse, and "
+            "into another bucket would only move the question.")
 
 
 class DataBucket(Construct):

@@ -17,9 +17,7 @@ from aws_cdk import aws_secretsmanager as secretsmanager
 from constructs import Construct
 
 from infra.constructs.acknowledge import acknowledge
-
 from infra.userdata import CLUSTER_NODE_SCRIPT, script_body
-
 
 EFS_MOUNT = "/efs"
 SSH_PORT = 2222
@@ -243,7 +241,7 @@ class GpuCluster(Construct):
         acknowledge(
             group, "AwsSolutions-AS3",
             "The group has a fixed size (min = max); launches and failures show in its "
-                   "activity history and, at creation, fail the stack through the boot signal.")
+            "activity history and, at creation, fail the stack through the boot signal.")
 
         # The logical id is known only once the group exists; the user data is rendered at synth.
         env = {**env, "ASG_LOGICAL_ID": Stack.of(self).get_logical_id(group.node.default_child)}

@@ -94,7 +94,8 @@ class Notebook(Construct):
             root_access="Disabled",
             kms_key_id=self.volume_key.key_id,
             volume_size_in_gb=volume_size_gib,
-            lifecycle_config_name=self.lifecycle_config.attr_notebook_instance_lifecycle_config_name,
+            lifecycle_config_name=(
+                self.lifecycle_config.attr_notebook_instance_lifecycle_config_name),
             platform_identifier="notebook-al2-v3",
         )
         self.notebook_name: str = self.instance.attr_notebook_instance_name

@@ -410,5 +410,7 @@ def test_stacks_depend_only_on_the_shared_stack(default_synth):
             for name, art in manifest["artifacts"].items()
             if art["type"] == "aws:cloudformation:stack"}
     assert deps == {SHARED: [], CLUSTER: [SHARED], SAGEMAKER: [SHARED]}
+    for name in ALL_STACKS:   # stack tags, which CloudFormation copies to every resource
+        assert manifest["artifacts"][name]["properties"]["tags"] == {"project": "maskrcnn-on-aws"}
     assert not re.search(r"ImportValue\W+(EfsCluster|SageMaker)Stack",
                          json.dumps(default_synth.templates[SHARED]))
