@@ -63,7 +63,8 @@ mount_efs() {
     line="$FILE_SYSTEM_ID:/ $EFS_MOUNT efs _netdev,tls 0 0"
   else
     if ! command -v mount.nfs4 >/dev/null; then
-      retry 5 10 apt-get -qq update && retry 5 10 apt-get -qq install -y nfs-common
+      retry 5 10 apt-get -qq update
+      retry 5 10 apt-get -qq install -y nfs-common
     fi
     line="$FILE_SYSTEM_ID.efs.$AWS_REGION.amazonaws.com:/ $EFS_MOUNT nfs4"
     line+=" nfsvers=4.1,rsize=1048576,wsize=1048576,hard,timeo=600,retrans=2,noresvport,_netdev 0 0"
