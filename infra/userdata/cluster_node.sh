@@ -72,7 +72,8 @@ mount_efs() {
   grep -qs " $EFS_MOUNT " /etc/fstab || echo "$line" >> /etc/fstab
   # Mount targets and their DNS names can take a few minutes to appear after the stack creates
   # them.
-  mountpoint -q "$EFS_MOUNT" || retry 60 10 mount "$EFS_MOUNT"
+  # A hard NFS mount can hang while a target is unreachable: bound each attempt.
+  mountpoint -q "$EFS_MOUNT" || retry 60 10 timeout 60 mount "$EFS_MOUNT"
 }
 
 register_node() {

@@ -9,13 +9,15 @@ OPTIONS=nfsvers=4.1,rsize=1048576,wsize=1048576,hard,timeo=600,retrans=2,noresvp
 
 mkdir -p "$MOUNT"
 attempt=0
+# Bounded so the script ends within SageMaker's 5 minutes: 6 x (30 s mount + 10 s pause).
 until mountpoint -q "$MOUNT"; do
-  if (( attempt >= 12 )); then
+  if (( attempt >= 6 )); then
     echo "could not mount $FILE_SYSTEM_ID at $MOUNT" >&2
     exit 1
   fi
   attempt=$((attempt + 1))
-  mount -t nfs4 -o "$OPTIONS" "$FILE_SYSTEM_ID.efs.$AWS_REGION.amazonaws.com:/" "$MOUNT" || sleep 10
+  timeout 30 mount -t nfs4 -o "$OPTIONS" "$FILE_SYSTEM_ID.efs.$AWS_REGION.amazonaws.com:/" \
+    "$MOUNT" || sleep 10
 done
 
 # The notebook user has no root access (RootAccess is disabled), so the first start hands the
