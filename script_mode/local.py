@@ -117,7 +117,7 @@ def _environment(plan: LaunchPlan, compute_processes: int) -> dict[str, str]:
     env["SM_CHANNEL_TRAINING"] = str(plan.data_dir)
     env.pop("TF_CONFIG", None)
     # Share the cores instead of every process starting one op thread per core. (Inter-op
-    # threads stay TensorFlow's choice: with one, a worker's cross-task Send/Recv can deadlock.)
+    # threads stay TensorFlow's choice: with one per process the ps cluster hung here.)
     env.setdefault("TF_NUM_INTRAOP_THREADS", str(max(1, (os.cpu_count() or 1) // compute_processes)))
     return env
 

@@ -149,7 +149,6 @@ def write_outputs(model: tf.keras.Model, metrics: dict, model_dir: str) -> None:
 def _configure_threads(threads: int) -> None:
     if threads:
         tf.config.threading.set_intra_op_parallelism_threads(threads)
-        tf.config.threading.set_inter_op_parallelism_threads(threads)
 
 
 # ---------------------------------------------------------------- strategy: parameter server
@@ -171,8 +170,9 @@ def serve(config: dict, args: argparse.Namespace) -> int:
     SageMaker's toolkit does for its parameter servers).
     """
     task = config["task"]
-    proto = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=args.threads,
-                                     inter_op_parallelism_threads=args.threads)
+    # Intra-op only: with one inter-op thread per process the ps cluster hung here (cross-task
+    # Send/Recv waiting on each other).
+    proto = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=args.threads)
     server = tf.distribute.Server(tf.train.ClusterSpec(config["cluster"]), job_name=task["type"],
                                   task_index=task["index"], protocol="grpc", config=proto,
                                   start=True)
