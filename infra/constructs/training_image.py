@@ -17,7 +17,7 @@ DOCKERFILE = "docker/Dockerfile"
 # leaving it out keeps the asset hash (the image tag) from changing when it changes.
 BUILD_CONTEXT_EXCLUDES = (
     ".venv", "node_modules", "cdk.out", ".git", ".pytest_cache", "tests", "data", "runs",
-    "bench/results", "*.egg-info", "**/__pycache__", "**/*.pyc",
+    "bench", "docs", "notebooks", "*.md", "*.egg-info", "**/__pycache__", "**/*.pyc",
 )
 
 

@@ -157,18 +157,36 @@ def test_training_image_is_a_docker_asset_from_the_repo_root(default_synth, stac
     context_dir = default_synth.outdir / image["source"]["directory"]
     staged = {p.name for p in context_dir.iterdir()}
     assert {"constraints.txt", "training", "launch", "docker"} <= staged
-    assert not staged & {".venv", "node_modules", "cdk.out", ".git", "tests", "data", "runs"}
+    assert not staged & {".venv", "node_modules", "cdk.out", ".git", "tests", "data", "runs",
+                         "bench", "docs", "notebooks"}
     assert not list(context_dir.rglob("__pycache__"))
     uri = default_synth.templates[stack]["Outputs"][outputs.TRAINING_IMAGE_URI]["Value"]["Fn::Sub"]
     assert "container-assets" in uri and uri.endswith(image["destinations"][next(
         iter(image["destinations"]))]["imageTag"])
 
 
+def test_every_dockerfile_copy_source_is_in_the_staged_build_context(default_synth):
+    """The excludes must not drop anything docker/Dockerfile copies (it builds at deploy time,
+    from the context staged here)."""
+    manifest = json.loads((default_synth.outdir / f"{CLUSTER}.assets.json").read_text())
+    (image,) = manifest["dockerImages"].values()
+    context_dir = default_synth.outdir / image["source"]["directory"]
+    dockerfile = (context_dir / image["source"]["dockerFile"]).read_text()
+    sources = []
+    for line in dockerfile.replace("\\\n", " ").splitlines():
+        words = line.split()
+        if words and words[0].upper() == "COPY" and not any(w.startswith("--from") for w in words):
+            sources += [w for w in words[1:-1] if not w.startswith("--")]
+    assert sources, "no COPY instruction found"
+    missing = [src for src in sources if not (context_dir / src).exists()]
+    assert missing == []
+
+
 def test_both_stacks_share_one_image_tag(default_synth):
     tags = {default_synth.templates[s]["Outputs"][outputs.TRAINING_IMAGE_URI]["Value"]["Fn::Sub"]
             for s in (CLUSTER, SAGEMAKER)}
     assert len(tags) == 1
-    assert "bench/results" in BUILD_CONTEXT_EXCLUDES
+    assert "bench" in BUILD_CONTEXT_EXCLUDES
 
 
 # --- IAM across the app ---------------------------------------------------------------------------
