@@ -52,6 +52,33 @@ def load_data(cfg):
     return train[0], roidb, val
 
 
+def resolve_weights(path: str, basedir: str, key: str) -> str:
+    """An existing checkpoint prefix or .npz for ``key``; relative names are also looked up in DATA.BASEDIR."""
+    if not path:
+        return ""
+    from training.config import ConfigError
+    candidates = [path] if os.path.isabs(path) else [path, os.path.join(basedir, path)]
+    for c in candidates:
+        if os.path.isfile(c) or os.path.isfile(c + ".index"):
+            return c
+        if os.path.isdir(c):
+            latest = tf.train.latest_checkpoint(c)
+            if latest:
+                return latest
+    raise ConfigError(f"{key}: no checkpoint or .npz at {' or '.join(candidates)} "
+                      f"(give an .npz file, a checkpoint prefix like model-5000, or a log dir)")
+
+
+def pretrained_init(path: str):
+    """Weights to start from (fine-tune): every matching variable but the global step, which starts at 0."""
+    from tensorpack.tfutils.sessinit import DictRestore, SaverRestoreRelaxed
+    if path.endswith(".npz"):
+        import numpy as np
+        weights = {k: v for k, v in np.load(path).items() if k.split(":")[0] != "global_step"}
+        return DictRestore(weights, ignore_mismatch=True)
+    return SaverRestoreRelaxed(path, ignore=("global_step",))
+
+
 def _broadcast_from_root(hvd, value):
     """Rank 0's ``value`` on every rank (a tiny graph of its own: the training graph is separate)."""
     if hvd.size() == 1:
@@ -97,6 +124,9 @@ def main(argv=None) -> int:
         cfg = build_config(args.config, preset=args.preset)
         train_split, roidb, val_split = load_data(cfg)
         finalize(cfg, num_ranks=size, class_names=train_split.class_names)
+        load_model = resolve_weights(cfg.TRAIN.LOAD_MODEL, cfg.DATA.BASEDIR, "TRAIN.LOAD_MODEL (load_model)")
+        backbone_weights = resolve_weights(cfg.BACKBONE.WEIGHTS, cfg.DATA.BASEDIR,
+                                           "BACKBONE.WEIGHTS (backbone_weights)")
     except (ConfigError, DatasetError) as err:
         print(f"error: {err}", file=sys.stderr, flush=True)
         return 2
@@ -124,10 +154,12 @@ def main(argv=None) -> int:
 
     if ckpt:
         session_init = SmartInit(ckpt)
-    elif cfg.TRAIN.LOAD_MODEL:
-        session_init = SmartInit(cfg.TRAIN.LOAD_MODEL, ignore_mismatch=True)
-    elif cfg.BACKBONE.WEIGHTS:
-        session_init = SmartInit(cfg.BACKBONE.WEIGHTS, ignore_mismatch=True)
+    elif load_model:
+        print(f"fine-tuning from {load_model}", flush=True)
+        session_init = pretrained_init(load_model)
+    elif backbone_weights:
+        print(f"backbone weights from {backbone_weights}", flush=True)
+        session_init = pretrained_init(backbone_weights)
     else:
         session_init = None
 

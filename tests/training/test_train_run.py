@@ -79,6 +79,18 @@ def test_resume_continues_at_the_saved_step(trained, tiny_dataset):
 
 
 @pytest.mark.slow
+def test_load_model_fine_tunes_from_step_zero(trained, tiny_dataset, tmp_path):
+    logdir, _ = trained
+    proc = run_module("training.train", *train_args(tmp_path / "ft", tiny_dataset, 2,
+                                                     f"TRAIN.LOAD_MODEL={str(logdir)!r}"))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert f"fine-tuning from {logdir / 'model-'}" in proc.stdout  # the latest checkpoint of that run
+    steps = [int(m.group(1)) for m in re.finditer(r"^step (\d+)/8 ", proc.stdout, re.M)]
+    assert steps[0] == 1 and steps[-1] == 8  # a new schedule from step 0, not a resume
+    assert (tmp_path / "ft" / "model-8.index").exists()
+
+
+@pytest.mark.slow
 def test_predict_writes_coco_results(trained, tiny_dataset, tmp_path):
     logdir, _ = trained
     out = tmp_path / "results.json"
@@ -109,6 +121,7 @@ def test_predict_writes_coco_results(trained, tiny_dataset, tmp_path):
     (["TRAIN.BATCH_SIZE_PER_GPU=0"], "BATCH_SIZE_PER_GPU"),
     (["BACKBONE.NORM='BatchNorm'"], "FreezeBN, SyncBN, GN, None"),
     (["DATA.TRAIN=('no_such_split',)"], "no_such_split"),
+    (["BACKBONE.WEIGHTS='missing-R50.npz'"], "BACKBONE.WEIGHTS"),
 ])
 def test_bad_input_stops_before_training(tiny_dataset, tmp_path, extra, message):
     proc = run_module("training.train", *train_args(tmp_path / "log", tiny_dataset, 2, *extra))
