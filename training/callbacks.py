@@ -38,12 +38,22 @@ def _duration(seconds: float) -> str:
 
 # ------------------------------------------------------------------------------------------ resume
 def latest_checkpoint(logdir: str) -> str | None:
-    """The checkpoint the ``checkpoint`` state file in ``logdir`` names, if its files exist."""
+    """The newest complete checkpoint that the ``checkpoint`` state file in ``logdir`` lists.
+
+    The state file is only replaced (atomically) after a checkpoint's files are written; should
+    the files of the newest entry be gone anyway (deleted, a partial copy), the previous one is used.
+    """
     if not logdir or not os.path.isdir(logdir):
         return None
-    path = tf.train.latest_checkpoint(logdir)
-    if path and os.path.exists(path + ".index"):
-        return path
+    state = tf1.train.get_checkpoint_state(logdir)
+    if state is None:
+        return None
+    candidates = [state.model_checkpoint_path] + list(reversed(state.all_model_checkpoint_paths))
+    for path in candidates:
+        if path and not os.path.isabs(path):
+            path = os.path.join(logdir, path)
+        if path and os.path.exists(path + ".index") and tf1.train.checkpoint_exists(path):
+            return path
     return None
 
 
