@@ -194,15 +194,44 @@ def serve(config: dict, args: argparse.Namespace) -> int:
     return 0
 
 
+def _apply_gradients(model, optimizer, images, labels, wrap_tape=lambda tape: tape):
+    """One SGD step on one batch; Horovod wraps the tape so the gradients are all-reduced."""
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_mean(_loss(labels, model(images, training=True)))
+    grads = wrap_tape(tape).gradient(loss, model.trainable_variables)
+    optimizer.apply_gradients(zip(grads, model.trainable_variables))
+    return loss
+
+
+def fit(args: argparse.Namespace, digits: digits_data.Digits, run_epoch, images_per_epoch: int,
+        model_to_test) -> Recorder:
+    """The epoch loop all strategies share: train one epoch (``run_epoch``), then test the model
+    ``model_to_test()`` returns (None: this process does not evaluate)."""
+    rec = Recorder(args.target_accuracy)
+    for epoch in range(1, args.epochs + 1):
+        rec.begin_epoch()
+        run_epoch()
+        rec.end_epoch()
+        model = model_to_test()
+        if model is not None:
+            rec.epoch_result(epoch, test_accuracy(model, digits.x_test, digits.y_test),
+                             epoch * images_per_epoch)
+    return rec
+
+
+def _settings(args: argparse.Namespace) -> dict:
+    return {"epochs": args.epochs, "batch_size_per_worker": args.batch_size,
+            "learning_rate": args.learning_rate}
+
+
 def train_ps(config: dict, args: argparse.Namespace, digits: digits_data.Digits) -> dict:
     """The chief: build variables on the ps tasks, schedule steps on the workers, evaluate."""
     resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
         tf.train.ClusterSpec(config["cluster"]), task_type=cl.CHIEF, task_id=0, rpc_layer="grpc")
     strategy = tf.distribute.ParameterServerStrategy(resolver)
     coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
-    num_workers = len(config["cluster"][cl.WORKER])
 
-    with strategy.scope():
+    with strategy.scope():  # variables and optimizer slots live on the ps tasks
         model = build_model()
         optimizer = tf.keras.optimizers.Adam(args.learning_rate)
 
@@ -218,33 +247,30 @@ def train_ps(config: dict, args: argparse.Namespace, digits: digits_data.Digits)
 
     @tf.function
     def train_step(it):
-        def step(images, labels):
-            with tf.GradientTape() as tape:
-                loss = tf.reduce_mean(_loss(labels, model(images, training=True)))
-            grads = tape.gradient(loss, model.trainable_variables)
-            optimizer.apply_gradients(zip(grads, model.trainable_variables))
-            return loss
         images, labels = next(it)
-        return strategy.run(step, args=(images, labels))
+        return strategy.run(lambda i, l: _apply_gradients(model, optimizer, i, l),
+                            args=(images, labels))
 
-    # One epoch = the training set once, whichever worker takes each step.
+    # One epoch = the training set once, whichever worker takes each step. `schedule` returns at
+    # once; a free worker runs the step and updates the variables without waiting for others.
     steps = len(x) // args.batch_size
-    eval_model = build_model()  # a local copy: evaluation must not run through the ps tasks
-    rec = Recorder(args.target_accuracy)
-    for epoch in range(1, args.epochs + 1):
-        rec.begin_epoch()
+
+    def run_epoch():
         for _ in range(steps):
             coordinator.schedule(train_step, args=(iterator,))
         coordinator.join()
-        rec.end_epoch()
+
+    eval_model = build_model()  # a local copy: evaluation must not run through the ps tasks
+
+    def model_to_test():
         eval_model.set_weights(model.get_weights())
-        rec.epoch_result(epoch, test_accuracy(eval_model, digits.x_test, digits.y_test),
-                         epoch * steps * args.batch_size)
+        return eval_model
+
+    rec = fit(args, digits, run_epoch, steps * args.batch_size, model_to_test)
     return {"model": eval_model,
-            "metrics": rec.metrics(strategy="ps", workers=num_workers,
+            "metrics": rec.metrics(strategy="ps", workers=len(config["cluster"][cl.WORKER]),
                                    parameter_servers=len(config["cluster"][cl.PS]),
-                                   epochs=args.epochs, batch_size_per_worker=args.batch_size,
-                                   learning_rate=args.learning_rate)}
+                                   **_settings(args))}
 
 
 # ---------------------------------------------------------------- strategy: Horovod
@@ -262,11 +288,9 @@ def train_horovod(args: argparse.Namespace, digits: digits_data.Digits) -> None:
 
     @tf.function
     def train_step(images, labels, first):
-        with tf.GradientTape() as tape:
-            loss = tf.reduce_mean(_loss(labels, model(images, training=True)))
-        tape = hvd.DistributedGradientTape(tape)  # averages the gradients of all ranks
-        grads = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        # DistributedGradientTape averages the gradients of all ranks: every rank applies the
+        # same update, so the copies stay equal.
+        loss = _apply_gradients(model, optimizer, images, labels, hvd.DistributedGradientTape)
         if first:
             # Start every rank from rank 0's weights (the optimizer slots exist only now).
             hvd.broadcast_variables(model.variables, root_rank=0)
@@ -275,22 +299,18 @@ def train_horovod(args: argparse.Namespace, digits: digits_data.Digits) -> None:
 
     # Same images per epoch as the ps strategy: the training set once, split over the ranks.
     steps = len(x) // (args.batch_size * size)
-    rec = Recorder(args.target_accuracy)
-    first = True
-    for epoch in range(1, args.epochs + 1):
-        rec.begin_epoch()
+    first = [True]
+
+    def run_epoch():
         for _ in range(steps):
-            images, labels = next(iterator)
-            train_step(images, labels, tf.constant(first))
-            first = False
-        rec.end_epoch()
-        if rank == 0:
-            rec.epoch_result(epoch, test_accuracy(model, digits.x_test, digits.y_test),
-                             epoch * steps * args.batch_size * size)
+            train_step(*next(iterator), tf.constant(first[0]))
+            first[0] = False
+
+    rec = fit(args, digits, run_epoch, steps * args.batch_size * size,
+              lambda: model if rank == 0 else None)
     if rank == 0:
         write_outputs(model, rec.metrics(strategy="horovod", workers=size, parameter_servers=0,
-                                         epochs=args.epochs, batch_size_per_worker=args.batch_size,
-                                         learning_rate=args.learning_rate), args.model_dir)
+                                         **_settings(args)), args.model_dir)
     # Leave together: a rank that exits while another is still in Horovod's loop breaks its
     # Gloo connection and makes that rank report an error.
     hvd.join()
@@ -301,28 +321,17 @@ def train_single(args: argparse.Namespace, digits: digits_data.Digits) -> dict:
     model = build_model()
     optimizer = tf.keras.optimizers.Adam(args.learning_rate)
     iterator = iter(train_dataset(digits.x_train, digits.y_train, args.batch_size, 0, 1, args.seed))
-
-    @tf.function
-    def train_step(images, labels):
-        with tf.GradientTape() as tape:
-            loss = tf.reduce_mean(_loss(labels, model(images, training=True)))
-        grads = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply_gradients(zip(grads, model.trainable_variables))
-        return loss
-
+    train_step = tf.function(lambda images, labels: _apply_gradients(model, optimizer, images,
+                                                                     labels))
     steps = len(digits.x_train) // args.batch_size
-    rec = Recorder(args.target_accuracy)
-    for epoch in range(1, args.epochs + 1):
-        rec.begin_epoch()
+
+    def run_epoch():
         for _ in range(steps):
             train_step(*next(iterator))
-        rec.end_epoch()
-        rec.epoch_result(epoch, test_accuracy(model, digits.x_test, digits.y_test),
-                         epoch * steps * args.batch_size)
-    return {"model": model,
-            "metrics": rec.metrics(strategy="single", workers=1, parameter_servers=0,
-                                   epochs=args.epochs, batch_size_per_worker=args.batch_size,
-                                   learning_rate=args.learning_rate)}
+
+    rec = fit(args, digits, run_epoch, steps * args.batch_size, lambda: model)
+    return {"model": model, "metrics": rec.metrics(strategy="single", workers=1,
+                                                   parameter_servers=0, **_settings(args))}
 
 
 # ---------------------------------------------------------------- entry point
