@@ -19,6 +19,9 @@ set -a
 set +a
 export AWS_DEFAULT_REGION="$AWS_REGION"
 REGISTRY="$EFS_MOUNT/.maskrcnn/$STACK_NAME/nodes"
+# The instance metadata service; the variable is the AWS SDKs' standard override.
+IMDS="${AWS_EC2_METADATA_SERVICE_ENDPOINT:-http://169.254.169.254}"
+IMDS="${IMDS%/}"
 KEY_HEADER='-----BEGIN OPENSSH PRIVATE KEY-----'
 
 log() { echo "[maskrcnn-boot $(date -u +%FT%TZ)] $*" >&2; }
@@ -38,9 +41,9 @@ retry() {  # retry ATTEMPTS DELAY_SECONDS COMMAND...
 
 imds() {  # IMDSv2: the launch template requires session tokens
   local token
-  token=$(curl -sf -X PUT http://169.254.169.254/latest/api/token \
+  token=$(curl -sf -X PUT "$IMDS/latest/api/token" \
     -H 'X-aws-ec2-metadata-token-ttl-seconds: 300')
-  curl -sf -H "X-aws-ec2-metadata-token: $token" "http://169.254.169.254/latest/meta-data/$1"
+  curl -sf -H "X-aws-ec2-metadata-token: $token" "$IMDS/latest/meta-data/$1"
 }
 
 signal() {  # report this node's boot result to the auto-scaling group's creation policy

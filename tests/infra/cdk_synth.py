@@ -10,6 +10,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import boto3
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 # A configuration that exercises every optional path: SSH from a CIDR with a key pair, EFA on a
@@ -69,3 +71,33 @@ def synthesize(tmp_dir: Path, overrides: dict[str, Any] | None = None) -> Synthe
     assembly = app.synth()   # raises if cdk-nag reports an unacknowledged finding
     templates = {stack.stack_name: stack.template for stack in assembly.stacks}
     return Synthesized(context=context, outdir=tmp_dir, templates=templates, stacks=stacks)
+
+
+# --- CloudFormation in moto ------------------------------------------------------------------
+
+BOOTSTRAP_VERSION_PARAMETER = "/cdk-bootstrap/hnb659fds/version"
+# moto reserves /aws/service/ (AWS's public parameters) and does not hold the Deep Learning AMI's,
+# and it resolves a parameter's Default even when a value is passed: so the AMI parameter's
+# Default is pointed at a stand-in that holds an image moto knows. Nothing else is changed.
+AMI_PARAMETER_STAND_IN = "/maskrcnn-tests/deep-learning-ami-id"
+AMI_PARAMETER_TYPE = "AWS::SSM::Parameter::Value<AWS::EC2::Image::Id>"
+
+
+def deploy_to_moto(cloudformation, name: str, template: dict) -> dict:
+    template = json.loads(json.dumps(template))
+    for spec in template.get("Parameters", {}).values():
+        if spec["Type"] == AMI_PARAMETER_TYPE:
+            assert spec["Default"].startswith("/aws/service/deeplearning/")
+            spec["Default"] = AMI_PARAMETER_STAND_IN
+    cloudformation.create_stack(StackName=name, TemplateBody=json.dumps(template),
+                                Capabilities=["CAPABILITY_IAM", "CAPABILITY_NAMED_IAM"])
+    (stack,) = cloudformation.describe_stacks(StackName=name)["Stacks"]
+    return stack
+
+
+def prepare_moto_account() -> None:
+    """What a bootstrapped account has: the CDK bootstrap version, and an AMI parameter."""
+    ssm = boto3.client("ssm")
+    ssm.put_parameter(Name=BOOTSTRAP_VERSION_PARAMETER, Value="30", Type="String")
+    image_id = boto3.client("ec2").describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+    ssm.put_parameter(Name=AMI_PARAMETER_STAND_IN, Value=image_id, Type="String")

@@ -10,39 +10,14 @@ import pytest
 
 from infra import outputs
 
-BOOTSTRAP_VERSION_PARAMETER = "/cdk-bootstrap/hnb659fds/version"
-# moto reserves /aws/service/ (AWS's public parameters) and does not hold the Deep Learning AMI's,
-# and it resolves a parameter's Default even when a value is passed: so the AMI parameter's
-# Default is pointed at a stand-in that holds an image moto knows. Nothing else is changed.
-AMI_PARAMETER_STAND_IN = "/maskrcnn-tests/deep-learning-ami-id"
-AMI_PARAMETER_TYPE = "AWS::SSM::Parameter::Value<AWS::EC2::Image::Id>"
-
-
-def _deploy(cloudformation, name: str, template: dict) -> dict:
-    template = json.loads(json.dumps(template))
-    for spec in template.get("Parameters", {}).values():
-        if spec["Type"] == AMI_PARAMETER_TYPE:
-            assert spec["Default"].startswith("/aws/service/deeplearning/")
-            spec["Default"] = AMI_PARAMETER_STAND_IN
-    cloudformation.create_stack(StackName=name, TemplateBody=json.dumps(template),
-                                Capabilities=["CAPABILITY_IAM", "CAPABILITY_NAMED_IAM"])
-    (stack,) = cloudformation.describe_stacks(StackName=name)["Stacks"]
-    return stack
-
-
-def _prepare_account() -> None:
-    """What a bootstrapped account has: the CDK bootstrap version, and an AMI parameter."""
-    ssm = boto3.client("ssm")
-    ssm.put_parameter(Name=BOOTSTRAP_VERSION_PARAMETER, Value="30", Type="String")
-    image_id = boto3.client("ec2").describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
-    ssm.put_parameter(Name=AMI_PARAMETER_STAND_IN, Value=image_id, Type="String")
+from cdk_synth import deploy_to_moto, prepare_moto_account
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("synth_fixture", ["default_synth", "variant_synth"])
 def test_all_stacks_reach_create_complete_in_moto(request, aws_env, synth_fixture):
     synth = request.getfixturevalue(synth_fixture)
-    _prepare_account()
+    prepare_moto_account()
     if synth.context.get("existing_file_system_id"):
         # The file system the user names must exist (moto assigns its own id: use that one).
         fs_id = boto3.client("efs").create_file_system(CreationToken="existing")["FileSystemId"]
@@ -55,7 +30,7 @@ def test_all_stacks_reach_create_complete_in_moto(request, aws_env, synth_fixtur
     created = {}
     for name in (outputs.NETWORK_STORAGE_STACK, outputs.EFS_CLUSTER_STACK,
                  outputs.SAGEMAKER_STACK):
-        stack = _deploy(cloudformation, name, templates[name])
+        stack = deploy_to_moto(cloudformation, name, templates[name])
         assert stack["StackStatus"] == "CREATE_COMPLETE", (name, stack.get("StackStatusReason"))
         created[name] = {o["OutputKey"]: o["OutputValue"] for o in stack.get("Outputs", [])}
 

@@ -1,0 +1,208 @@
+"""The cluster nodes' boot, run for real: the master's and a worker's user data, as CloudFormation
+(moto) rendered them into the launch templates, executed side by side with the real AWS CLI
+against moto, real ssh-keygen and curl against a local IMDSv2 endpoint.
+
+Only what cannot exist here is stood in for: docker, nvidia-smi (2 GPUs), mount/mountpoint (EFS
+becomes a local directory) and apt-get. Each node runs in a private mount namespace whose /etc,
+/usr/local/bin and /var/log are copies, so nothing on this machine is touched.
+"""
+from __future__ import annotations
+
+import base64
+import http.server
+import os
+import shutil
+import subprocess
+import textwrap
+import threading
+from pathlib import Path
+
+import boto3
+import pytest
+
+from infra import outputs
+
+from cdk_synth import deploy_to_moto, prepare_moto_account
+
+CLUSTER = outputs.EFS_CLUSTER_STACK
+KEY_HEADER = "-----BEGIN OPENSSH PRIVATE KEY-----"
+STUBS = {
+    "nvidia-smi": 'printf "GPU 0: NVIDIA A10G (UUID: GPU-a)\\nGPU 1: NVIDIA A10G (UUID: GPU-b)\\n"',
+    "docker": 'echo "docker $*" >> "$NODE_CALLS"; [ "$1" != login ] || cat > "$NODE_CALLS.password"',
+    "mount": 'echo "mount $*" >> "$NODE_CALLS"; touch "$NODE_CALLS.mounted"',
+    "mountpoint": '[ -e "$NODE_CALLS.mounted" ]',
+    "apt-get": 'echo "apt-get $*" >> "$NODE_CALLS"',
+    "mount.nfs4": "exit 0",
+}
+
+
+def _sandbox_unavailable() -> str | None:
+    if os.geteuid() != 0:
+        return "needs root for a private mount namespace (unshare -m)"
+    if not shutil.which("unshare") or subprocess.run(
+            ["unshare", "--mount", "true"], capture_output=True).returncode != 0:
+        return "unshare --mount is not permitted here"
+    if not shutil.which("aws"):
+        return "the AWS CLI (aws) is not installed"
+    return None
+
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(_sandbox_unavailable() is not None,
+                                 reason=str(_sandbox_unavailable()))]
+
+
+class _Imds(http.server.BaseHTTPRequestHandler):
+    """IMDSv2 as EC2 serves it: a token from PUT, required on every GET."""
+    metadata: dict[str, str] = {}
+    TOKEN = "imds-token"
+
+    def do_PUT(self):
+        ok = self.path == "/latest/api/token"
+        self.send_response(200 if ok else 404)
+        self.end_headers()
+        self.wfile.write(self.TOKEN.encode() if ok else b"")
+
+    def do_GET(self):
+        value = self.metadata.get(self.path.removeprefix("/latest/meta-data/"))
+        if self.headers.get("X-aws-ec2-metadata-token") != self.TOKEN:
+            self.send_response(401)
+        else:
+            self.send_response(200 if value else 404)
+        self.end_headers()
+        self.wfile.write((value or "").encode())
+
+    def log_message(self, *args):
+        pass
+
+
+def _imds(instance_id: str, private_ip: str) -> str:
+    handler = type("Imds", (_Imds,), {"metadata": {"instance-id": instance_id,
+                                                   "local-ipv4": private_ip}})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return f"http://127.0.0.1:{server.server_address[1]}"
+
+
+def _launch_template_user_data(logical_prefix: str) -> str:
+    resources = boto3.client("cloudformation").list_stack_resources(
+        StackName=CLUSTER)["StackResourceSummaries"]
+    (template_id,) = [r["PhysicalResourceId"] for r in resources
+                      if r["ResourceType"] == "AWS::EC2::LaunchTemplate"
+                      and r["LogicalResourceId"].startswith(logical_prefix)]
+    (version,) = boto3.client("ec2").describe_launch_template_versions(
+        LaunchTemplateId=template_id)["LaunchTemplateVersions"]
+    return base64.b64decode(version["LaunchTemplateData"]["UserData"]).decode()
+
+
+def _instance(group_name: str) -> tuple[str, str]:
+    (group,) = boto3.client("autoscaling").describe_auto_scaling_groups(
+        AutoScalingGroupNames=[group_name])["AutoScalingGroups"]
+    instance_id = group["Instances"][0]["InstanceId"]
+    (reservation,) = boto3.client("ec2").describe_instances(
+        InstanceIds=[instance_id])["Reservations"]
+    return instance_id, reservation["Instances"][0]["PrivateIpAddress"]
+
+
+def _start_node(root: Path, user_data: str, imds: str, stubs: Path) -> subprocess.Popen:
+    (root / "log").mkdir(parents=True)
+    (root / "bin").mkdir()
+    (root / "etc").mkdir()
+    subprocess.run(["cp", "-a", "/etc/.", str(root / "etc")], check=True)
+    (root / "etc" / "MASKRCNN_SANDBOX").touch()
+    (root / "user-data").write_text(user_data)
+    # Absolute paths: the stubs directory leads PATH and has its own `mount`. The marker check
+    # stops everything if /etc is not the copy.
+    setup = (f"/usr/bin/mount --bind {root / 'etc'} /etc"
+             f" && /usr/bin/mount --bind {root / 'bin'} /usr/local/bin"
+             f" && /usr/bin/mount --bind {root / 'log'} /var/log"
+             f" && test -e /etc/MASKRCNN_SANDBOX && exec bash {root / 'user-data'}")
+    env = {**os.environ, "PATH": f"{stubs}:{os.environ['PATH']}",
+           "NODE_CALLS": str(root / "calls.log"), "AWS_EC2_METADATA_SERVICE_ENDPOINT": imds}
+    return subprocess.Popen(["unshare", "--mount", "--propagation", "private", "bash", "-c", setup],
+                            env=env, stdout=(root / "console.log").open("w"),
+                            stderr=subprocess.STDOUT)
+
+
+def test_master_and_worker_boot_into_the_node_contract(aws_env, default_synth, tmp_path):
+    prepare_moto_account()
+    cloudformation = boto3.client("cloudformation")
+    for name in (outputs.NETWORK_STORAGE_STACK, CLUSTER):
+        stack = deploy_to_moto(cloudformation, name, default_synth.templates[name])
+        assert stack["StackStatus"] == "CREATE_COMPLETE"
+    stack_outputs = {o["OutputKey"]: o["OutputValue"] for o in stack["Outputs"]}
+
+    # moto's CloudFormation has no AWS::SecretsManager::Secret: create the one the stack names,
+    # holding a placeholder as CloudFormation's generated value would.
+    secret_arn = boto3.client("secretsmanager").create_secret(
+        Name=f"{CLUSTER}-cluster-key", SecretString="generated-placeholder")["ARN"]
+    efs = tmp_path / "efs"
+    efs.mkdir()
+    stubs = tmp_path / "stubs"
+    stubs.mkdir()
+    for name, body in STUBS.items():
+        (stubs / name).write_text("#!/bin/bash\n" + textwrap.dedent(body) + "\n")
+        (stubs / name).chmod(0o755)
+
+    nodes = {}
+    for role, prefix, group in (("master", "ClusterMaster", stack_outputs[outputs.MASTER_ASG_NAME]),
+                                ("worker", "ClusterWorker", stack_outputs[outputs.WORKER_ASG_NAME])):
+        user_data = _launch_template_user_data(prefix)
+        assert "CLUSTER_KEY_SECRET_ARN=None\n" in user_data and "\nEFS_MOUNT=/efs\n" in user_data
+        user_data = (user_data.replace("CLUSTER_KEY_SECRET_ARN=None\n",
+                                       f"CLUSTER_KEY_SECRET_ARN={secret_arn}\n")
+                     .replace("\nEFS_MOUNT=/efs\n", f"\nEFS_MOUNT={efs}\n"))
+        instance_id, ip = _instance(group)
+        nodes[role] = {"id": instance_id, "ip": ip, "root": tmp_path / role}
+        # The worker starts first: it must wait for the master to publish the cluster key.
+        nodes[role]["process"] = _start_node(tmp_path / role, user_data, _imds(instance_id, ip),
+                                             stubs)
+    for role, node in nodes.items():
+        returncode = node["process"].wait(timeout=240)
+        console = (node["root"] / "console.log").read_text()
+        assert returncode == 0, f"{role} boot failed:\n{console}"
+
+    master, worker = nodes["master"], nodes["worker"]
+    for node in (master, worker):
+        etc = node["root"] / "etc" / "maskrcnn"
+        env = dict(line.split("=", 1) for line in (etc / "cluster.env").read_text().splitlines())
+        assert env["FILE_SYSTEM_ID"] == stack_outputs[outputs.FILE_SYSTEM_ID]
+        assert env["BUCKET_NAME"] == stack_outputs[outputs.BUCKET_NAME]
+        # Master first, then workers; GPU counts from nvidia-smi -L.
+        assert (etc / "hostfile").read_text() == (f"{master['ip']} slots=2\n"
+                                                  f"{worker['ip']} slots=2\n")
+        assert (efs / ".maskrcnn" / CLUSTER / "nodes" / node["ip"]).read_text() == \
+            f"{node['ip']} slots=2\n"
+        fstab = (node["root"] / "etc" / "fstab").read_text()
+        assert (f"{env['FILE_SYSTEM_ID']}.efs.us-east-1.amazonaws.com:/ {efs} nfs4 nfsvers=4.1,"
+                "rsize=1048576,wsize=1048576,hard,timeo=600,retrans=2,noresvport,_netdev 0 0"
+                in fstab)
+        key = (etc / "ssh" / "id_ed25519").read_text()
+        assert key.startswith(KEY_HEADER)
+        assert (etc / "ssh" / "id_ed25519").stat().st_mode & 0o777 == 0o600
+        public_key = (etc / "ssh" / "id_ed25519.pub").read_text().strip()
+        assert (etc / "ssh" / "authorized_keys").read_text() == (
+            f'from="10.0.0.0/16",no-agent-forwarding,no-port-forwarding,no-X11-forwarding '
+            f"{public_key}\n")
+        calls = (node["root"] / "calls.log").read_text().splitlines()
+        image = stack_outputs[outputs.TRAINING_IMAGE_URI]
+        assert f"docker login --username AWS --password-stdin {image.split('/')[0]}" in calls
+        assert f"docker pull --quiet {image}" in calls
+        assert calls[-1] == (
+            f"docker run -d --name maskrcnn --restart unless-stopped --gpus all --network host "
+            f"--ipc host -v {efs}:{efs} -v /etc/maskrcnn:/etc/maskrcnn:ro {image} cluster-node")
+        assert "docker exec -i maskrcnn maskrcnn-entrypoint cluster-train" in (
+            node["root"] / "bin" / "maskrcnn-train").read_text()
+        assert "ready: 2 GPUs" in (node["root"] / "log" / "maskrcnn-boot.log").read_text()
+
+    # One key for the cluster, generated by the master and published in the secret.
+    master_key = (master["root"] / "etc" / "maskrcnn" / "ssh" / "id_ed25519").read_text()
+    assert (worker["root"] / "etc" / "maskrcnn" / "ssh" / "id_ed25519").read_text() == master_key
+    secret = boto3.client("secretsmanager").get_secret_value(SecretId=secret_arn)["SecretString"]
+    assert secret.strip() == master_key.strip()
+    # The master attached the Elastic IP that MasterAddress names.
+    (address,) = boto3.client("ec2").describe_addresses(
+        PublicIps=[stack_outputs[outputs.MASTER_ADDRESS]])["Addresses"]
+    assert address["InstanceId"] == master["id"]
+    # Nothing escaped the sandbox.
+    assert not Path("/etc/maskrcnn").exists() and str(efs) not in Path("/etc/fstab").read_text()
