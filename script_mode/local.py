@@ -164,6 +164,7 @@ def run(plan: LaunchPlan) -> RunResult:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
+        prog="python -m script_mode.local",
         description="Run a script-mode training script locally with a parameter server or "
                     "Horovod. Arguments not listed here are passed to the script.")
     p.add_argument("--strategy", required=True, help="ps or horovod")
