@@ -95,8 +95,13 @@ def session_config(cfg, local_size: int):
     threads = max(1, multiprocessing.cpu_count() // max(local_size, 1))
     conf.intra_op_parallelism_threads = threads  # don't oversubscribe the cores shared by local ranks
     conf.inter_op_parallelism_threads = threads
-    if cfg.TRAIN.XLA and tf.config.list_physical_devices("GPU"):
+    gpu = bool(tf.config.list_physical_devices("GPU"))
+    if cfg.TRAIN.XLA and gpu:
         conf.graph_options.optimizer_options.global_jit_level = tf1.OptimizerOptions.ON_1
+    if not gpu:
+        # grappler's memory optimizer serves GPU memory only; on CPU it just logs cost-model warnings
+        from tensorflow.core.protobuf.rewriter_config_pb2 import RewriterConfig
+        conf.graph_options.rewrite_options.memory_optimization = RewriterConfig.OFF
     return NewSessionCreator(config=conf)
 
 
