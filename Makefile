@@ -13,7 +13,7 @@ install:
 	bash scripts/install.sh
 
 synth: install
-	cdk synth --quiet --all
+	cdk synth --quiet
 
 demo: synth
 	$(PY) -m training.local_job
