@@ -15,7 +15,8 @@ def tiny_split(tmp_path_factory):
     return load_split(out, "train2017")
 
 
-@pytest.mark.parametrize("mode", ["fpn_mask", "c4_mask", "fpn_box_only", "c4_box_only"])
+# *_nchw: the GPU data format (slow on CPU but it runs), so the NCHW plumbing is checked here too.
+@pytest.mark.parametrize("mode", ["fpn_mask", "c4_mask", "fpn_box_only", "c4_box_only", "fpn_mask_nchw", "c4_mask_nchw"])
 def test_variant_trains_and_predicts(tf_session, tiny_split, mode):
     tf, sess = tf_session
     from tensorpack.tfutils.tower import TowerContext
@@ -24,7 +25,8 @@ def test_variant_trains_and_predicts(tf_session, tiny_split, mode):
 
     cfg = new_config()
     cfg.update_args(OVERRIDES + [
-        f"MODE_FPN={mode.startswith('fpn')}", f"MODE_MASK={mode.endswith('mask')}",
+        f"MODE_FPN={mode.startswith('fpn')}", f"MODE_MASK={'mask' in mode}",
+        f"BACKBONE.DATA_FORMAT={'NCHW' if mode.endswith('nchw') else 'NHWC'!r}",
         "PREPROC.TRAIN_SHORT_EDGE_SIZE=[64, 64]", "PREPROC.TEST_SHORT_EDGE_SIZE=64", "PREPROC.MAX_SIZE=64",
         "RPN.ANCHOR_SIZES=(16, 32, 64, 128)" if mode.startswith("fpn") else "RPN.ANCHOR_SIZES=(16, 32)",
         "RPN.HEAD_DIM=32", "FRCNN.BATCH_PER_IM=16", "TRAIN.IMAGES_PER_EPOCH=4",
