@@ -64,3 +64,15 @@ def aws_env(moto_server, monkeypatch):
     monkeypatch.setenv("AWS_ENDPOINT_URL", moto_server)
     urllib.request.urlopen(urllib.request.Request(moto_server + "/moto-api/reset", method="POST"))
     yield moto_server
+
+
+@pytest.fixture
+def sagemaker_env(aws_env, tmp_path, monkeypatch):
+    """moto plus the SageMaker SDK settings that keep it local (NOTES.md): no IAM role
+    simulation, no telemetry."""
+    config = tmp_path / "sagemaker-config.yaml"
+    config.write_text("SchemaVersion: '1.0'\nSageMaker:\n  PythonSDK:\n    Modules:\n"
+                      "      TelemetryOptOut: true\n")
+    monkeypatch.setenv("SAGEMAKER_USER_CONFIG_OVERRIDE", str(config))
+    monkeypatch.setenv("SAGEMAKER_VALIDATE_ROLE", "false")
+    return aws_env

@@ -1,5 +1,5 @@
-"""Fixtures shared by the launch tests: a local "COCO site", moto settings for the SageMaker SDK
-(the stack stand-in is in fake_stack.py)."""
+"""Fixtures shared by the launch tests: a local "COCO site"
+(the stack stand-in is in tests/aws_fakes.py, sagemaker_env in tests/conftest.py)."""
 import functools
 import hashlib
 import http.server
@@ -12,16 +12,6 @@ import pytest
 
 from launch.staging import download as dl
 from training.data import synthetic
-
-
-@pytest.fixture
-def sagemaker_env(aws_env, tmp_path, monkeypatch):
-    """moto plus the SDK settings that keep it local: no IAM role simulation, no telemetry."""
-    config = tmp_path / "sagemaker-config.yaml"
-    config.write_text("SchemaVersion: '1.0'\nSageMaker:\n  PythonSDK:\n    Modules:\n      TelemetryOptOut: true\n")
-    monkeypatch.setenv("SAGEMAKER_USER_CONFIG_OVERRIDE", str(config))
-    monkeypatch.setenv("SAGEMAKER_VALIDATE_ROLE", "false")
-    return aws_env
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import boto3
 
-from fake_stack import STACK_OUTPUTS, deploy_stack
+from aws_fakes import STACK_OUTPUTS, deploy_stack
 from infra import outputs
 
 NOTEBOOK = Path(__file__).resolve().parents[2] / "notebooks" / "sagemaker_training.ipynb"

@@ -5,7 +5,7 @@ import boto3
 import botocore.exceptions
 import pytest
 
-from fake_stack import FS_ID, STACK_OUTPUTS, deploy_stack
+from aws_fakes import FS_ID, STACK_OUTPUTS, capture_requests, deploy_stack
 from infra import outputs
 from launch.aws import LaunchError
 from launch.sagemaker import launcher
@@ -13,22 +13,10 @@ from launch.sagemaker.launcher import JobSpec
 from training.metrics import METRIC_DEFINITIONS
 
 
-def _capture_create_requests(session):
-    """Bodies of CreateTrainingJob requests as they leave botocore for the server."""
-    seen = []
-
-    def hook(request, **kwargs):
-        if request.headers.get("X-Amz-Target", b"").endswith(b"CreateTrainingJob"):
-            seen.append(json.loads(request.body))
-
-    session.events.register("before-send.sagemaker.CreateTrainingJob", hook)
-    return seen
-
-
 def test_start_sends_the_full_request(sagemaker_env):
     session = boto3.session.Session()
     deploy_stack(session)
-    sent = _capture_create_requests(session)
+    sent = capture_requests(session)
     spec = JobSpec(instance_type="ml.p4d.24xlarge", instance_count=4, volume_size_gb=100, max_run_seconds=400000,
                    hyperparameters={"mode_mask": "True", "batch_size_per_gpu": "4",
                                     "config:TRAIN.GRADIENT_CLIP": "1.5"})
@@ -65,7 +53,7 @@ def test_start_sends_the_full_request(sagemaker_env):
 def test_spot_adds_checkpoints_and_max_wait(sagemaker_env):
     session = boto3.session.Session()
     deploy_stack(session)
-    sent = _capture_create_requests(session)
+    sent = capture_requests(session)
     launcher.start_job(JobSpec(spot=True, run_name="coco-24ep", max_run_seconds=3600), session=session)
     body = sent[0]
     assert body["EnableManagedSpotTraining"] is True

@@ -9,43 +9,19 @@ from infra import outputs
 from launch.sagemaker import script_mode as launcher
 from launch.sagemaker.script_mode import ScriptModeJob
 
-BUCKET = "script-mode-test-bucket"
-STACK_IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/cdk-hnb659fds-container-assets:abc"
-STACK_OUTPUTS = {
-    outputs.TRAINING_IMAGE_URI: STACK_IMAGE,
-    outputs.TRAINING_ROLE_ARN: "arn:aws:iam::123456789012:role/SageMakerTrainingRole",
-    outputs.FILE_SYSTEM_ID: "fs-0123456789abcdef0",
-    outputs.BUCKET_NAME: BUCKET,
-    outputs.PRIVATE_SUBNET_IDS: "subnet-0aaa1111bbbb2222c,subnet-0ddd3333eeee4444f",
-    outputs.TRAINING_SECURITY_GROUP_ID: "sg-0123456789abcdef0",
-}
-VPC = {"SecurityGroupIds": ["sg-0123456789abcdef0"],
-       "Subnets": ["subnet-0aaa1111bbbb2222c", "subnet-0ddd3333eeee4444f"]}
+from aws_fakes import BUCKET, STACK_OUTPUTS, capture_requests, deploy_stack
+
+VPC = {"SecurityGroupIds": [STACK_OUTPUTS[outputs.TRAINING_SECURITY_GROUP_ID]],
+       "Subnets": STACK_OUTPUTS[outputs.PRIVATE_SUBNET_IDS].split(",")}
 
 
 @pytest.fixture
-def sagemaker_env(aws_env, tmp_path, monkeypatch):
-    """moto plus the SDK settings that keep it local (NOTES.md): no IAM role simulation, no
-    telemetry. A fake SageMakerStack with the outputs the launcher reads, and its bucket."""
-    config = tmp_path / "sagemaker-config.yaml"
-    config.write_text("SchemaVersion: '1.0'\nSageMaker:\n  PythonSDK:\n    Modules:\n"
-                      "      TelemetryOptOut: true\n")
-    monkeypatch.setenv("SAGEMAKER_USER_CONFIG_OVERRIDE", str(config))
-    monkeypatch.setenv("SAGEMAKER_VALIDATE_ROLE", "false")
+def stack(sagemaker_env):
+    """A deployed SageMakerStack (tests/aws_fakes.py) and its bucket; yields a boto3 session."""
     session = boto3.session.Session()
     session.client("s3").create_bucket(Bucket=BUCKET)
-    template = {"Resources": {"Placeholder": {"Type": "AWS::SNS::Topic"}},
-                "Outputs": {k: {"Value": v} for k, v in STACK_OUTPUTS.items()}}
-    session.client("cloudformation").create_stack(StackName=outputs.SAGEMAKER_STACK,
-                                                  TemplateBody=json.dumps(template))
+    deploy_stack(session)
     return session
-
-
-def _capture(session):
-    seen = []
-    session.events.register("before-send.sagemaker.CreateTrainingJob",
-                            lambda request, **kw: seen.append(json.loads(request.body)))
-    return seen
 
 
 def _staged(session, channel):
@@ -60,7 +36,7 @@ def _staged(session, channel):
 
 def _run(session, tmp_path, **kw):
     """One job per test: sagemaker-core caches its client, so a hook added later misses it."""
-    sent = _capture(session)
+    sent = capture_requests(session)
     job = ScriptModeJob(data=str(tmp_path / "data"), **kw)
     launcher.start(job, session=session)
     assert len(sent) == 1
@@ -69,8 +45,8 @@ def _run(session, tmp_path, **kw):
     return body, channels
 
 
-def test_ps_job(sagemaker_env, tmp_path):
-    session = sagemaker_env
+def test_ps_job(stack, tmp_path):
+    session = stack
     body, channels = _run(session, tmp_path, strategy="ps", instance_type="ml.c5.2xlarge",
                           instance_count=3, hyperparameters={"epochs": 6, "batch_size": 128})
     assert body["TrainingJobName"].startswith("script-mode-ps-")
@@ -79,7 +55,7 @@ def test_ps_job(sagemaker_env, tmp_path):
     assert body["VpcConfig"] == VPC
     assert body["RoleArn"] == STACK_OUTPUTS[outputs.TRAINING_ROLE_ARN]
     assert body["HyperParameters"] == {"strategy": "ps", "epochs": "6", "batch_size": "128"}
-    assert body["AlgorithmSpecification"]["TrainingImage"] == STACK_IMAGE
+    assert body["AlgorithmSpecification"]["TrainingImage"] == STACK_OUTPUTS[outputs.TRAINING_IMAGE_URI]
     assert body["OutputDataConfig"]["S3OutputPath"] == f"s3://{BUCKET}/script-mode/output"
     assert set(channels) == {"training", "code", "sm_drivers"}
     for c in channels.values():
@@ -96,8 +72,8 @@ def test_ps_job(sagemaker_env, tmp_path):
     assert b"basic_script_driver.py" in drivers["sm_train.sh"]
 
 
-def test_horovod_job(sagemaker_env, tmp_path):
-    session = sagemaker_env
+def test_horovod_job(stack, tmp_path):
+    session = stack
     body, channels = _run(session, tmp_path, strategy="horovod", instance_type="ml.m5.xlarge",
                           instance_count=2, processes_per_host=2)
     assert body["ResourceConfig"] == {"InstanceType": "ml.m5.xlarge", "InstanceCount": 2,
@@ -106,7 +82,7 @@ def test_horovod_job(sagemaker_env, tmp_path):
     assert body["HyperParameters"] == {"strategy": "horovod"}
     assert body["Environment"] == {"TF_USE_LEGACY_KERAS": "1"}
     # The project's image: Horovod built with MPI, mpi4py for the MPI driver.
-    assert body["AlgorithmSpecification"]["TrainingImage"] == STACK_IMAGE
+    assert body["AlgorithmSpecification"]["TrainingImage"] == STACK_OUTPUTS[outputs.TRAINING_IMAGE_URI]
     drivers = _staged(session, channels["sm_drivers"])
     assert json.loads(drivers["sourcecode.json"])["entry_script"] == "script_mode/train.py"
     assert json.loads(drivers["distributed.json"]) == {
@@ -114,14 +90,14 @@ def test_horovod_job(sagemaker_env, tmp_path):
     assert b"mpi_driver.py" in drivers["sm_train.sh"]
 
 
-def test_image_override(sagemaker_env, tmp_path):
-    body, _ = _run(sagemaker_env, tmp_path, strategy="horovod", image_uri="my/image:1")
+def test_image_override(stack, tmp_path):
+    body, _ = _run(stack, tmp_path, strategy="horovod", image_uri="my/image:1")
     assert body["AlgorithmSpecification"]["TrainingImage"] == "my/image:1"
 
 
-def test_aws_tensorflow_image_for_ps(sagemaker_env, tmp_path):
+def test_aws_tensorflow_image_for_ps(stack, tmp_path):
     # AWS's TensorFlow CPU training container of the project's TensorFlow version.
-    body, _ = _run(sagemaker_env, tmp_path, strategy="ps", aws_tf_image=True)
+    body, _ = _run(stack, tmp_path, strategy="ps", aws_tf_image=True)
     assert body["AlgorithmSpecification"]["TrainingImage"] == \
         "763104351884.dkr.ecr.us-east-1.amazonaws.com/tensorflow-training:2.18-cpu-py310"
 
@@ -140,19 +116,19 @@ def test_aws_tensorflow_image_for_ps(sagemaker_env, tmp_path):
     (["--strategy", "horovod", "--aws-tf-image"], "has no Horovod"),
     (["--strategy", "ps", "--stack", "NoSuchStack"], "stack 'NoSuchStack' does not exist"),
 ])
-def test_bad_input_is_refused_before_anything_is_sent(sagemaker_env, tmp_path, capsys, args,
+def test_bad_input_is_refused_before_anything_is_sent(stack, tmp_path, capsys, args,
                                                        message):
-    session = sagemaker_env
+    session = stack
     assert launcher.main([*args, "--data", str(tmp_path / "data")]) == 2
     assert message in capsys.readouterr().err
     assert session.client("sagemaker").list_training_jobs()["TrainingJobSummaries"] == []
     assert not (tmp_path / "data").exists()  # not even the data was generated
 
 
-def test_dry_run_prints_the_request_and_creates_no_job(sagemaker_env, tmp_path, capsys):
+def test_dry_run_prints_the_request_and_creates_no_job(stack, tmp_path, capsys):
     assert launcher.main(["--strategy", "horovod", "--instance-count", "3", "--dry-run",
                           "--data", str(tmp_path / "data")]) == 0
     request = json.loads(capsys.readouterr().out)
     assert request["ResourceConfig"]["InstanceCount"] == 3
     assert request["HyperParameters"] == {"strategy": "horovod"}
-    assert sagemaker_env.client("sagemaker").list_training_jobs()["TrainingJobSummaries"] == []
+    assert stack.client("sagemaker").list_training_jobs()["TrainingJobSummaries"] == []
