@@ -75,7 +75,8 @@ class ProgressLogger(Callback):
     :func:`training.metrics.format_metric` line each (what SageMaker's regexes scrape).
     """
 
-    def __init__(self, stats: dict, *, period: int, global_batch: int, max_steps: int, steps_per_epoch: int):
+    def __init__(self, stats, *, period: int, global_batch: int, max_steps: int, steps_per_epoch: int):
+        """``stats``: ``{metric name: tensor}``, or a function returning it once the graph is built."""
         self._stats = stats
         self._period = period
         self._global_batch = global_batch
@@ -83,8 +84,9 @@ class ProgressLogger(Callback):
         self._steps_per_epoch = steps_per_epoch
 
     def _setup_graph(self):
-        self._names = list(self._stats)
-        self._fetches = [self._stats[n] for n in self._names]
+        stats = self._stats() if callable(self._stats) else self._stats
+        self._names = list(stats)
+        self._fetches = [stats[n] for n in self._names]
         self._lr = tf1.get_default_graph().get_tensor_by_name("learning_rate:0")
 
     def _before_train(self):

@@ -110,7 +110,7 @@ def main(argv=None) -> int:
     use_graph_mode()
     import horovod.tensorflow as hvd
     from tensorpack import QueueInput, TrainConfig, launch_train_with_config, logger as tp_logger
-    from tensorpack.callbacks import (EstimatedTimeLeft, MergeAllSummaries, ModelSaver, MovingAverageSummary,
+    from tensorpack.callbacks import (MergeAllSummaries, ModelSaver, MovingAverageSummary,
                                       PeriodicTrigger, RunUpdateOps)
     from tensorpack.callbacks.monitor import JSONWriter, TFEventWriter
     from tensorpack.tfutils.sessinit import SmartInit
@@ -174,15 +174,10 @@ def main(argv=None) -> int:
     trainer = HorovodTrainer(average=True)
     global_batch = cfg.TRAIN.BATCH_SIZE_PER_GPU * size
 
-    class _Late(cb.ProgressLogger):
-        """Takes the model's stats after the graph is built (they do not exist before)."""
-        def _setup_graph(self):
-            self._stats = model.stats
-            super()._setup_graph()
-
     callbacks = [
-        _Late({}, period=cfg.TRAIN.LOG_PERIOD, global_batch=global_batch, max_steps=cfg.TRAIN.MAX_STEPS,
-              steps_per_epoch=spe),
+        # the model's statistics exist once the graph is built: hand over a getter
+        cb.ProgressLogger(lambda: model.stats, period=cfg.TRAIN.LOG_PERIOD, global_batch=global_batch,
+                          max_steps=cfg.TRAIN.MAX_STEPS, steps_per_epoch=spe),
         PeriodicTrigger(ModelSaver(max_to_keep=3, checkpoint_dir=logdir), every_k_epochs=cfg.TRAIN.CHECKPOINT_PERIOD),
         cb.COCOEvaluator(cfg, val_split, logdir=logdir if rank == 0 else None, rank=rank, size=size),
     ]
