@@ -247,13 +247,12 @@ _C.FPN.ROI_CANONICAL_SIZE = 224.    # an ROI of this side length is pooled from 
 _C.MRCNN.HEAD_DIM = 256
 _C.MRCNN.NUM_CONV = 4               # 3x3 convs before the 2x upsampling (4 in the paper's FPN head)
 _C.MRCNN.MASK_SIZE = 28             # output resolution of the mask head (14x14 ROIAlign, upsampled 2x)
-_C.MRCNN.ACCURATE_PASTE = True
+_C.MRCNN.ACCURATE_PASTE = True       # bilinear sampling at image-pixel centres; False: resize to the rounded box
 
 # ---------------------------------------------------------------------------------------------
 # Inference
 _C.TEST.FRCNN_NMS_THRESH = 0.5
 _C.TEST.RESULT_SCORE_THRESH = 0.05
-_C.TEST.RESULT_SCORE_THRESH_VIS = 0.5
 _C.TEST.RESULTS_PER_IM = 100
 # fmt: on
 

@@ -25,6 +25,6 @@ def detect(predict_fn, image: np.ndarray, cfg) -> dict:
     out = {"boxes": boxes, "scores": np.asarray(scores, np.float32), "labels": np.asarray(labels, np.int32),
            "masks": None}
     if cfg.MODE_MASK:
-        out["masks"] = (np.stack([paste_mask(b, m, height, width) for b, m in zip(boxes, masks)])
+        out["masks"] = (np.stack([paste_mask(b, m, height, width, accurate=cfg.MRCNN.ACCURATE_PASTE) for b, m in zip(boxes, masks)])
                         if len(boxes) else np.zeros((0, height, width), np.uint8))
     return out

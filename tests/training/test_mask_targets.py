@@ -1,5 +1,6 @@
 """Mask targets (ground truth sampled inside each ROI) and pasting predicted masks back."""
 import numpy as np
+import pytest
 
 from training.model.mask_head import mask_targets, paste_mask
 
@@ -30,16 +31,18 @@ def test_mask_targets_shift_with_the_box(tf_session):
     np.testing.assert_array_equal(out[0], [[1, 1, 1, 1], [1, 1, 1, 1], [0, 0, 0, 0], [0, 0, 0, 0]])
 
 
-def test_paste_mask_round_trip():
+@pytest.mark.parametrize("accurate", [True, False])
+def test_paste_mask_round_trip(accurate):
     roi_mask = np.zeros((14, 14), np.float32)
     roi_mask[:, :7] = 1.0               # left half of the box
-    pasted = paste_mask([10, 20, 38, 48], roi_mask, 60, 50)
+    pasted = paste_mask([10, 20, 38, 48], roi_mask, 60, 50, accurate=accurate)
     assert pasted.shape == (60, 50) and pasted.dtype == np.uint8
     assert pasted[20:48, 10:23].all() and not pasted[20:48, 25:38].any()
     assert not pasted[:20].any() and not pasted[48:].any()
 
 
-def test_paste_mask_clips_to_image():
-    pasted = paste_mask([-5, -5, 10, 10], np.ones((7, 7), np.float32), 8, 8)
+@pytest.mark.parametrize("accurate", [True, False])
+def test_paste_mask_clips_to_image(accurate):
+    pasted = paste_mask([-5, -5, 10, 10], np.ones((7, 7), np.float32), 8, 8, accurate=accurate)
     assert pasted.shape == (8, 8)
     assert pasted[:8, :8].all()

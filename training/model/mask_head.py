@@ -46,10 +46,23 @@ def mask_targets(gt_masks, mask_index, rois, *, size: int):
     return tf.stop_gradient(tf.cast(out[..., 0] >= 0.5, tf.float32))
 
 
-def paste_mask(box, mask: np.ndarray, height: int, width: int, threshold: float = 0.5) -> np.ndarray:
-    """Paste a soft ``[S, S]`` ROI mask into a ``height x width`` uint8 image mask at ``box`` (x1y1x2y2)."""
+def paste_mask(box, mask: np.ndarray, height: int, width: int, threshold: float = 0.5,
+               accurate: bool = True) -> np.ndarray:
+    """Paste a soft ``[S, S]`` ROI mask into a ``height x width`` uint8 image mask at ``box`` (x1y1x2y2).
+
+    ``accurate`` (MRCNN.ACCURATE_PASTE) samples the mask at the centre of every covered image pixel
+    with sub-pixel box coordinates; otherwise the mask is resized to the box rounded to pixels.
+    """
     out = np.zeros((height, width), np.uint8)
     x1, y1, x2, y2 = [float(v) for v in box]
+    if not accurate:
+        rx1, ry1 = int(round(x1)), int(round(y1))
+        rx2, ry2 = max(int(round(x2)), rx1 + 1), max(int(round(y2)), ry1 + 1)
+        resized = cv2.resize(mask.astype(np.float32), (rx2 - rx1, ry2 - ry1), interpolation=cv2.INTER_LINEAR)
+        cx1, cy1, cx2, cy2 = max(rx1, 0), max(ry1, 0), min(rx2, width), min(ry2, height)
+        if cx2 > cx1 and cy2 > cy1:
+            out[cy1:cy2, cx1:cx2] = resized[cy1 - ry1:cy2 - ry1, cx1 - rx1:cx2 - rx1] >= threshold
+        return out
     ix1, iy1 = max(int(np.floor(x1)), 0), max(int(np.floor(y1)), 0)
     ix2, iy2 = min(int(np.ceil(x2)), width), min(int(np.ceil(y2)), height)
     if ix2 <= ix1 or iy2 <= iy1:
