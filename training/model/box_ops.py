@@ -33,33 +33,38 @@ def np_iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.where(union > 0, inter / np.maximum(union, 1e-12), 0.0).astype(np.float32)
 
 
+def _centers(b):
+    w, h = b[:, 2] - b[:, 0], b[:, 3] - b[:, 1]
+    return b[:, 0] + 0.5 * w, b[:, 1] + 0.5 * h, w, h
+
+
+def _encode(ops, boxes, anchors, weights):
+    """The one box-coding formula for both forms; ``ops`` is ``numpy`` or ``_TfOps``."""
+    ax, ay, aw, ah = _centers(anchors)
+    bx, by, bw, bh = _centers(boxes)
+    wx, wy, ww, wh = weights
+    return ops.stack([wx * (bx - ax) / aw, wy * (by - ay) / ah,
+                      ww * ops.log(bw / aw), wh * ops.log(bh / ah)], axis=1)
+
+
+def _decode(ops, deltas, anchors, weights):
+    ax, ay, aw, ah = _centers(anchors)
+    wx, wy, ww, wh = weights
+    dx, dy = deltas[:, 0] / wx, deltas[:, 1] / wy
+    dw = ops.minimum(deltas[:, 2] / ww, BBOX_DECODE_CLIP)
+    dh = ops.minimum(deltas[:, 3] / wh, BBOX_DECODE_CLIP)
+    cx, cy = ax + dx * aw, ay + dy * ah
+    w, h = aw * ops.exp(dw), ah * ops.exp(dh)
+    return ops.stack([cx - 0.5 * w, cy - 0.5 * h, cx + 0.5 * w, cy + 0.5 * h], axis=1)
+
+
 def np_encode(boxes: np.ndarray, anchors: np.ndarray, weights=(1.0, 1.0, 1.0, 1.0)) -> np.ndarray:
     """Regression targets ``(dx, dy, dw, dh)`` that turn ``anchors`` into ``boxes``."""
-    aw = anchors[:, 2] - anchors[:, 0]
-    ah = anchors[:, 3] - anchors[:, 1]
-    ax = anchors[:, 0] + 0.5 * aw
-    ay = anchors[:, 1] + 0.5 * ah
-    bw = boxes[:, 2] - boxes[:, 0]
-    bh = boxes[:, 3] - boxes[:, 1]
-    bx = boxes[:, 0] + 0.5 * bw
-    by = boxes[:, 1] + 0.5 * bh
-    wx, wy, ww, wh = weights
-    return np.stack([wx * (bx - ax) / aw, wy * (by - ay) / ah,
-                     ww * np.log(bw / aw), wh * np.log(bh / ah)], axis=1).astype(np.float32)
+    return _encode(np, boxes, anchors, weights).astype(np.float32)
 
 
 def np_decode(deltas: np.ndarray, anchors: np.ndarray, weights=(1.0, 1.0, 1.0, 1.0)) -> np.ndarray:
-    aw = anchors[:, 2] - anchors[:, 0]
-    ah = anchors[:, 3] - anchors[:, 1]
-    ax = anchors[:, 0] + 0.5 * aw
-    ay = anchors[:, 1] + 0.5 * ah
-    wx, wy, ww, wh = weights
-    dx, dy = deltas[:, 0] / wx, deltas[:, 1] / wy
-    dw = np.minimum(deltas[:, 2] / ww, BBOX_DECODE_CLIP)
-    dh = np.minimum(deltas[:, 3] / wh, BBOX_DECODE_CLIP)
-    cx, cy = ax + dx * aw, ay + dy * ah
-    w, h = aw * np.exp(dw), ah * np.exp(dh)
-    return np.stack([cx - 0.5 * w, cy - 0.5 * h, cx + 0.5 * w, cy + 0.5 * h], axis=1).astype(np.float32)
+    return _decode(np, deltas, anchors, weights).astype(np.float32)
 
 
 def np_clip(boxes: np.ndarray, height: float, width: float) -> np.ndarray:
@@ -93,34 +98,19 @@ def tf_iou(a, b):
     return tf.where(union > 0, inter / tf.maximum(union, 1e-12), tf.zeros_like(inter))
 
 
+class _TfOps:
+    """The few ops the shared formulas need, under NumPy's names."""
+
+    def __init__(self, tf):
+        self.stack, self.log, self.exp, self.minimum = tf.stack, tf.math.log, tf.exp, tf.minimum
+
+
 def tf_encode(boxes, anchors, weights=(1.0, 1.0, 1.0, 1.0)):
-    tf = _tf()
-    aw = anchors[:, 2] - anchors[:, 0]
-    ah = anchors[:, 3] - anchors[:, 1]
-    ax = anchors[:, 0] + 0.5 * aw
-    ay = anchors[:, 1] + 0.5 * ah
-    bw = boxes[:, 2] - boxes[:, 0]
-    bh = boxes[:, 3] - boxes[:, 1]
-    bx = boxes[:, 0] + 0.5 * bw
-    by = boxes[:, 1] + 0.5 * bh
-    wx, wy, ww, wh = weights
-    return tf.stack([wx * (bx - ax) / aw, wy * (by - ay) / ah,
-                     ww * tf.math.log(bw / aw), wh * tf.math.log(bh / ah)], axis=1)
+    return _encode(_TfOps(_tf()), boxes, anchors, weights)
 
 
 def tf_decode(deltas, anchors, weights=(1.0, 1.0, 1.0, 1.0)):
-    tf = _tf()
-    aw = anchors[:, 2] - anchors[:, 0]
-    ah = anchors[:, 3] - anchors[:, 1]
-    ax = anchors[:, 0] + 0.5 * aw
-    ay = anchors[:, 1] + 0.5 * ah
-    wx, wy, ww, wh = weights
-    dx, dy = deltas[:, 0] / wx, deltas[:, 1] / wy
-    dw = tf.minimum(deltas[:, 2] / ww, BBOX_DECODE_CLIP)
-    dh = tf.minimum(deltas[:, 3] / wh, BBOX_DECODE_CLIP)
-    cx, cy = ax + dx * aw, ay + dy * ah
-    w, h = aw * tf.exp(dw), ah * tf.exp(dh)
-    return tf.stack([cx - 0.5 * w, cy - 0.5 * h, cx + 0.5 * w, cy + 0.5 * h], axis=1)
+    return _decode(_TfOps(_tf()), deltas, anchors, weights)
 
 
 def tf_clip(boxes, image_hw):
