@@ -24,9 +24,8 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
 
-from script_mode import data, hyperparameters, local  # noqa: E402
+from script_mode import data, hyperparameters, local
 
 OUT = REPO / "bench" / "results" / "script_mode_compare.json"
 
