@@ -262,12 +262,10 @@ NORM_CHOICES = ("FreezeBN", "SyncBN", "GN", "None")
 
 
 def new_config() -> AttrDict:
-    """A fresh, unfrozen copy of the defaults."""
-    cfg = config.clone()
-    cfg.freeze(False)
-    # Unknown keys are rejected even before finalize: only existing keys may be overridden.
-    cfg.freeze()
-    return cfg
+    """A fresh copy of the defaults, frozen like them: existing keys may be overridden
+    (``update_args``), unknown keys are rejected even before ``finalize``."""
+    return config.clone()
+
 
 BLOCK_CHOICES = ("bottleneck", "basic")
 DATA_FORMAT_CHOICES = ("NHWC", "NCHW", "auto")
