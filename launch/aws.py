@@ -8,6 +8,8 @@ from __future__ import annotations
 import boto3
 from botocore.exceptions import ClientError, NoRegionError
 
+from infra.outputs import PRIVATE_SUBNET_IDS, TRAINING_SECURITY_GROUP_ID
+
 
 class LaunchError(RuntimeError):
     """A user-facing problem: the message says what is wrong and how to fix it."""
@@ -54,3 +56,18 @@ def require_output(outputs: dict[str, str], name: str, stack_name: str) -> str:
             f"stack {stack_name!r} has no output {name!r} (it has: {', '.join(sorted(outputs)) or 'none'}); "
             f"it was probably deployed from an older version of this app: run `cdk deploy {stack_name}`")
     return value
+
+
+def training_networking(outputs: dict[str, str], stack_name: str) -> tuple[list[str], str]:
+    """The private subnets and training security group a SageMaker job of ``stack_name`` runs in,
+    checked to look like AWS ids (a clear error names the output otherwise)."""
+    subnets = [s.strip() for s in require_output(outputs, PRIVATE_SUBNET_IDS, stack_name).split(",")
+               if s.strip()]
+    security_group = require_output(outputs, TRAINING_SECURITY_GROUP_ID, stack_name)
+    if not subnets or not all(s.startswith("subnet-") for s in subnets):
+        raise LaunchError(f"output {PRIVATE_SUBNET_IDS}={subnets!r} of {stack_name} is not "
+                          f"a list of subnet ids")
+    if not security_group.startswith("sg-"):
+        raise LaunchError(f"output {TRAINING_SECURITY_GROUP_ID}={security_group!r} of "
+                          f"{stack_name} is not a security group id")
+    return subnets, security_group

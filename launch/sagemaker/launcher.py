@@ -25,7 +25,7 @@ from typing import Any
 import boto3
 
 from infra import outputs
-from launch.aws import LaunchError, make_session, require_output, stack_outputs
+from launch.aws import LaunchError, make_session, require_output, stack_outputs, training_networking
 
 DEFAULT_INSTANCE_TYPE = "ml.p4d.24xlarge"
 TRAIN_CHANNEL_PATH = "/data/coco"     # on the EFS file system; `python -m launch.staging to-efs` fills it
@@ -117,14 +117,9 @@ def build_trainer(session: boto3.session.Session, spec: JobSpec):
 
     image, role = need(outputs.TRAINING_IMAGE_URI), need(outputs.TRAINING_ROLE_ARN)
     fs_id, bucket = need(outputs.FILE_SYSTEM_ID), need(outputs.BUCKET_NAME)
-    subnets = [s.strip() for s in need(outputs.PRIVATE_SUBNET_IDS).split(",") if s.strip()]
-    security_group = need(outputs.TRAINING_SECURITY_GROUP_ID)
+    subnets, security_group = training_networking(stack, spec.stack)
     if not fs_id.startswith("fs-"):
         raise LaunchError(f"output {outputs.FILE_SYSTEM_ID}={fs_id!r} of {spec.stack} is not an EFS id (fs-...)")
-    if not subnets or not all(s.startswith("subnet-") for s in subnets):
-        raise LaunchError(f"output {outputs.PRIVATE_SUBNET_IDS}={subnets!r} of {spec.stack} is not a list of subnet ids")
-    if not security_group.startswith("sg-"):
-        raise LaunchError(f"output {outputs.TRAINING_SECURITY_GROUP_ID}={security_group!r} is not a security group id")
     spec = resolve(spec, stack)
     check_hyperparameters(spec.hyperparameters)
 

@@ -39,7 +39,7 @@ from typing import Any
 import boto3
 
 from infra import outputs
-from launch.aws import LaunchError, make_session, require_output, stack_outputs
+from launch.aws import LaunchError, make_session, require_output, stack_outputs, training_networking
 
 STRATEGIES = ("ps", "horovod")
 # CPU instance families this example is meant for (seed 003 trains on CPU instances).
@@ -145,15 +145,7 @@ def build_trainer(session: boto3.session.Session, job: ScriptModeJob, code_dir: 
     stack = stack_outputs(session, job.stack)
     role = require_output(stack, outputs.TRAINING_ROLE_ARN, job.stack)
     bucket = require_output(stack, outputs.BUCKET_NAME, job.stack)
-    subnets = [s.strip() for s in require_output(stack, outputs.PRIVATE_SUBNET_IDS, job.stack)
-               .split(",") if s.strip()]
-    security_group = require_output(stack, outputs.TRAINING_SECURITY_GROUP_ID, job.stack)
-    if not subnets or not all(s.startswith("subnet-") for s in subnets):
-        raise LaunchError(f"output {outputs.PRIVATE_SUBNET_IDS}={subnets!r} of {job.stack} is not "
-                          f"a list of subnet ids")
-    if not security_group.startswith("sg-"):
-        raise LaunchError(f"output {outputs.TRAINING_SECURITY_GROUP_ID}={security_group!r} of "
-                          f"{job.stack} is not a security group id")
+    subnets, security_group = training_networking(stack, job.stack)
     image = training_image(job, session, stack)
 
     distributed = None

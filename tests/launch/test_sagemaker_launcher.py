@@ -101,6 +101,12 @@ def test_missing_output_and_wrong_ids_are_named(sagemaker_env):
     deploy_stack(session, "WrongStack", {**STACK_OUTPUTS, outputs.FILE_SYSTEM_ID: "vol-123"})
     with pytest.raises(LaunchError, match="is not an EFS id"):
         launcher.start_job(JobSpec(stack="WrongStack"), session=session, dry_run=True)
+    deploy_stack(session, "BadSubnets", {**STACK_OUTPUTS, outputs.PRIVATE_SUBNET_IDS: "vpc-1, ,"})
+    with pytest.raises(LaunchError, match="of BadSubnets is not a list of subnet ids"):
+        launcher.start_job(JobSpec(stack="BadSubnets"), session=session, dry_run=True)
+    deploy_stack(session, "BadGroup", {**STACK_OUTPUTS, outputs.TRAINING_SECURITY_GROUP_ID: "subnet-1"})
+    with pytest.raises(LaunchError, match="of BadGroup is not a security group id"):
+        launcher.start_job(JobSpec(stack="BadGroup"), session=session, dry_run=True)
 
 
 def test_companion_commands(sagemaker_env, capsys, monkeypatch):
