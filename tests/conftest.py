@@ -76,3 +76,25 @@ def sagemaker_env(aws_env, tmp_path, monkeypatch):
     monkeypatch.setenv("SAGEMAKER_USER_CONFIG_OVERRIDE", str(config))
     monkeypatch.setenv("SAGEMAKER_VALIDATE_ROLE", "false")
     return aws_env
+
+
+@pytest.fixture
+def emulated_hosts(tmp_path):
+    """Factory for emulated hosts (tests/emulated_hosts.py): ``emulated_hosts({name: address}, private=...,
+    shared=...)`` returns started :class:`EmulatedHosts`; all are torn down after the test, also on failure.
+    Skips unless root with iproute2/util-linux (CI runs as root, so there these tests really run)."""
+    from emulated_hosts import EmulatedHosts, missing_requirements
+
+    reason = missing_requirements()
+    if reason:
+        pytest.skip(reason)
+    made = []
+
+    def make(hosts, **kwargs):
+        kwargs.setdefault("workdir", tmp_path / f"hosts{len(made)}")
+        made.append(EmulatedHosts(hosts, **kwargs))
+        return made[-1].start()
+
+    yield make
+    for hosts in reversed(made):
+        hosts.close()
