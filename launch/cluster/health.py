@@ -1,4 +1,8 @@
-"""Per-node health of the cluster: reachable, GPUs visible, EFS mounted, same training code.
+"""Per-node health of the cluster: reachable, GPUs visible, the master's EFS visible, same training code.
+
+"EFS visible" means the node sees a file the master has just written into its EFS mount: a node
+whose mount failed (an empty local /efs), or that mounted another file system, does not, whatever
+its mount table says.
 
 Checks run as commands on each node through a :class:`CommandRunner`: :class:`SshRunner` on the
 cluster (the cluster key, port 2222, as mpirun uses them), :class:`LocalRunner` to check this machine
@@ -10,15 +14,20 @@ when any node is unhealthy.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
+import socket
 import subprocess
 import sys
+import uuid
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from launch.cluster.launch_command import DEFAULT_SSH_KEY, DEFAULT_SSH_PORT, ssh_args
 
-EFS_FSTYPES = ("nfs4", "nfs", "efs")
+MARKER_DIR = ".maskrcnn/health"  # under the EFS mount: where the master leaves the file nodes must see
 
 
 class CommandRunner(Protocol):
@@ -35,8 +44,8 @@ class LocalRunner:
 class SshRunner:
     """Runs the check commands on ``host`` over SSH with the cluster key."""
 
-    def __init__(self, port: int = DEFAULT_SSH_PORT, key: str = DEFAULT_SSH_KEY, user: str = "root"):
-        self.options = ssh_args(port=port, key=key).split() + ["-o", "ConnectTimeout=10"]
+    def __init__(self, port: int = DEFAULT_SSH_PORT, key: str | os.PathLike = DEFAULT_SSH_KEY, user: str = "root"):
+        self.options = ssh_args(port=port, key=str(key)).split() + ["-o", "ConnectTimeout=10"]
         self.user = user
 
     def run(self, host: str, argv: list[str], timeout: float) -> subprocess.CompletedProcess:
@@ -69,11 +78,27 @@ def _run(runner: CommandRunner, host: str, argv: list[str], timeout: float):
         return subprocess.CompletedProcess(argv, 255, "", str(err))
 
 
+@contextlib.contextmanager
+def efs_marker(efs_mount: str):
+    """A file in the master's EFS mount for the nodes to find, removed afterwards."""
+    directory = Path(efs_mount, MARKER_DIR)
+    directory.mkdir(parents=True, exist_ok=True)
+    marker = directory / f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    marker.write_text("written by the master's health check\n")
+    try:
+        yield marker
+    finally:
+        marker.unlink(missing_ok=True)
+
+
 def check_node(runner: CommandRunner, host: str, *, role: str = "worker", expected_gpus: int = 0,
-               efs_mount: str = "/efs", expected_code_version: str | None = None,
-               python: str = "python", timeout: float = 30.0,
-               efs_fstypes: tuple[str, ...] | None = None) -> NodeHealth:
-    """All checks on one node; a node that is not reachable gets no further checks."""
+               efs_mount: str = "/efs", efs_marker: str | os.PathLike | None = None,
+               expected_code_version: str | None = None, python: str = "python",
+               timeout: float = 30.0) -> NodeHealth:
+    """All checks on one node; a node that is not reachable gets no further checks.
+
+    ``efs_marker``: a file the master wrote into ``efs_mount`` (see :func:`efs_marker`).
+    """
     h = NodeHealth(host, role, expected_gpus)
     probe = _run(runner, host, ["true"], timeout)
     h.reachable = probe.returncode == 0
@@ -87,11 +112,11 @@ def check_node(runner: CommandRunner, host: str, *, role: str = "worker", expect
     if h.gpus_visible < expected_gpus:
         h.problems.append(f"{h.gpus_visible} of {expected_gpus} GPUs visible")
 
-    mount = _run(runner, host, ["findmnt", "-n", "-o", "FSTYPE", "--target", efs_mount], timeout)
-    fstype = mount.stdout.strip().splitlines()[0] if mount.returncode == 0 and mount.stdout.strip() else ""
-    h.efs_mounted = fstype in (efs_fstypes or EFS_FSTYPES)
-    if not h.efs_mounted:
-        h.problems.append(f"{efs_mount} is not an EFS mount" + (f" (it is {fstype})" if fstype else ""))
+    if efs_marker is not None:
+        seen = _run(runner, host, ["test", "-f", str(efs_marker)], timeout)
+        h.efs_mounted = seen.returncode == 0
+        if not h.efs_mounted:
+            h.problems.append(f"{efs_mount} does not show the master's EFS (not mounted, or another file system)")
 
     version = _run(runner, host, [python, "-m", "launch.code_version"], timeout * 2)
     h.code_version = version.stdout.strip() if version.returncode == 0 else None
@@ -105,10 +130,12 @@ def check_node(runner: CommandRunner, host: str, *, role: str = "worker", expect
 
 def check_cluster(runner: CommandRunner, nodes: list[tuple[str, str, int]], *, expected_code_version: str | None,
                   efs_mount: str = "/efs", python: str = "python", parallel: int = 16) -> list[NodeHealth]:
-    """``nodes`` as (host, role, expected GPUs); checked in parallel, results in the same order."""
-    with ThreadPoolExecutor(max_workers=max(1, min(parallel, len(nodes)))) as pool:
+    """``nodes`` as (host, role, expected GPUs); checked in parallel, results in the same order.
+    Run on the master: it writes the EFS marker every node must see."""
+    with efs_marker(efs_mount) as marker, \
+            ThreadPoolExecutor(max_workers=max(1, min(parallel, len(nodes)))) as pool:
         futures = [pool.submit(check_node, runner, host, role=role, expected_gpus=gpus, efs_mount=efs_mount,
-                               expected_code_version=expected_code_version, python=python)
+                               efs_marker=marker, expected_code_version=expected_code_version, python=python)
                    for host, role, gpus in nodes]
         return [f.result() for f in futures]
 
@@ -135,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     import boto3
 
     from launch.aws import LaunchError
-    from launch.cluster.hostfile import CLUSTER_ENV, discover_nodes, read_cluster_env
+    from launch.cluster.hostfile import CLUSTER_ENV, cluster_key, discover_nodes, read_cluster_env
     from launch.code_version import code_version
 
     p = argparse.ArgumentParser(description="Check every cluster node: reachable, GPUs, EFS, code version.")
@@ -148,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     except LaunchError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    runner = SshRunner(port=int(env.get("SSH_PORT", DEFAULT_SSH_PORT)))
+    runner = SshRunner(port=int(env.get("SSH_PORT", DEFAULT_SSH_PORT)), key=cluster_key(a.cluster_env))
     results = check_cluster(runner, [(n.private_ip, n.role, n.gpus) for n in nodes],
                             expected_code_version=code_version(), efs_mount=env.get("EFS_MOUNT", "/efs"))
     print(format_table(results))

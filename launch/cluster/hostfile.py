@@ -10,13 +10,19 @@ from __future__ import annotations
 import argparse
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import boto3
 
 from launch.aws import LaunchError
-from launch.cluster.launch_command import Node, hostfile_text
+from launch.cluster.launch_command import DEFAULT_SSH_KEY, Node, hostfile_text
 
 CLUSTER_ENV = "/etc/maskrcnn/cluster.env"
+
+
+def cluster_key(cluster_env: str = CLUSTER_ENV) -> Path:
+    """The cluster's SSH key: the boot script installs it next to cluster.env (``ssh/id_ed25519``)."""
+    return Path(cluster_env).parent / Path(DEFAULT_SSH_KEY).parent.name / Path(DEFAULT_SSH_KEY).name
 
 
 @dataclass(frozen=True)

@@ -5,13 +5,16 @@
 
 Each attempt rediscovers the InService nodes of both auto-scaling groups, health-checks them, writes
 the hostfile of the healthy ones into the log directory on EFS and starts mpirun (flags from
-launch_command). When training fails (a node died, a rank stalled), the next attempt runs on the
-nodes healthy by then (the auto-scaling group replaces a terminated node) and training.train
-resumes from the latest checkpoint in the same log directory on EFS.
+launch_command). When training fails (a node died, a rank stalled), the run waits until the cluster
+again has as many healthy ranks as the run was started with (the auto-scaling group replaces a
+terminated node; a restarted container comes back), then starts again and training.train resumes
+from the latest checkpoint in the same log directory on EFS, with the same global batch and
+learning-rate schedule. Continuing on fewer ranks changes both, so it needs --allow-fewer-ranks.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
 import sys
 import time
@@ -21,7 +24,7 @@ import boto3
 
 from launch.aws import LaunchError
 from launch.cluster import health
-from launch.cluster.hostfile import CLUSTER_ENV, ClusterNode, discover_nodes, read_cluster_env
+from launch.cluster.hostfile import CLUSTER_ENV, ClusterNode, cluster_key, discover_nodes, read_cluster_env
 from launch.cluster.launch_command import format_command, hostfile_text, mpirun_command, train_command
 from launch.code_version import code_version
 
@@ -46,14 +49,75 @@ def healthy_nodes(nodes: list[ClusterNode], runner: health.CommandRunner, *, efs
     return ok, table
 
 
+def recorded_ranks(logdir: str) -> int | None:
+    """The rank count the run in ``logdir`` trained with (its config.json), or None for a new run.
+
+    Its global batch, steps per epoch and LR schedule in steps all follow from that count."""
+    from training.callbacks import CONFIG_FILE  # training.train's rank 0 writes it at every start
+    try:
+        with open(Path(logdir, CONFIG_FILE)) as f:
+            return int(json.load(f)["TRAIN"]["NUM_GPUS"])
+    except FileNotFoundError:
+        return None
+    except (ValueError, KeyError, TypeError) as err:
+        raise LaunchError(f"{Path(logdir, CONFIG_FILE)} is unreadable ({err}): move it away to resume "
+                          f"without the rank check, or use a new --run-name") from None
+
+
+def ranks(nodes: list[ClusterNode]) -> int:
+    return sum(n.as_node().slots for n in nodes)
+
+
+def nodes_for_ranks(nodes: list[ClusterNode], wanted: int) -> list[ClusterNode] | None:
+    """The first nodes (master first) giving exactly ``wanted`` ranks, or None when they cannot."""
+    chosen = []
+    for n in nodes:
+        if ranks(chosen) == wanted:
+            break
+        chosen.append(n)
+    return chosen if ranks(chosen) == wanted else None
+
+
 def build_command(nodes: list[ClusterNode], *, logdir: str, data_dir: str, overrides: list[str],
-                  ssh_port: int) -> tuple[str, list[str]]:
+                  ssh_port: int, ssh_key: str | None = None) -> tuple[str, list[str]]:
     """(hostfile text, mpirun argv) for ``nodes``; EFA flags when every node has an EFA interface."""
     hostfile = str(Path(logdir) / "hostfile")
-    cmd = mpirun_command([n.as_node() for n in nodes], hostfile=hostfile, ssh_port=ssh_port,
+    key = {"ssh_key": str(ssh_key)} if ssh_key else {}
+    cmd = mpirun_command([n.as_node() for n in nodes], hostfile=hostfile, ssh_port=ssh_port, **key,
                          efa=all(n.efa for n in nodes),
                          train=train_command(logdir=logdir, data_dir=data_dir, overrides=overrides))
     return hostfile_text([n.as_node() for n in nodes]), cmd
+
+
+def wait_for_ranks(discover, check, *, wanted: int | None, allow_fewer: bool, wait_s: float,
+                   poll_s: float, clock=time.monotonic, sleep=time.sleep) -> list[ClusterNode]:
+    """The healthy nodes to start on: all of them for a new run (``wanted`` None), else nodes giving
+    exactly ``wanted`` ranks, waiting up to ``wait_s`` for the cluster to have them again. With
+    ``allow_fewer`` a shortfall is announced and accepted instead."""
+    deadline = None  # counted from the first check that finds too few ranks
+    while True:
+        ok, table = check(discover())
+        print(table, flush=True)
+        if wanted is None:
+            return ok
+        chosen = nodes_for_ranks(ok, wanted)
+        if chosen is not None:
+            return chosen
+        have = ranks(ok)
+        if allow_fewer and have < wanted:
+            print(f"continuing on {have} of the run's {wanted} ranks (--allow-fewer-ranks): the global batch "
+                  f"and the learning-rate schedule in steps change with the rank count", file=sys.stderr, flush=True)
+            return ok
+        deadline = deadline if deadline is not None else clock() + wait_s
+        if clock() + poll_s > deadline:
+            raise LaunchError(f"the run trained on {wanted} ranks and the cluster has {have} healthy rank(s) after "
+                              f"waiting {wait_s:.0f} s: resuming on another count would change the global batch and "
+                              f"the learning-rate schedule. Fix or replace the nodes and rerun the same command, "
+                              f"pass --allow-fewer-ranks to continue anyway, or use a new --run-name")
+        print(f"the run trained on {wanted} ranks, {have} are healthy now: waiting for the cluster to be whole "
+              f"(next check in {poll_s:.0f} s, giving up after {wait_s:.0f} s; --allow-fewer-ranks continues "
+              f"without them)", file=sys.stderr, flush=True)
+        sleep(poll_s)
 
 
 def main(argv: list[str] | None = None, runner: health.CommandRunner | None = None) -> int:
@@ -64,8 +128,13 @@ def main(argv: list[str] | None = None, runner: health.CommandRunner | None = No
                    help="log directory name under <EFS>/logs; reuse a name to resume that run")
     p.add_argument("--data-dir", help="COCO directory (default <EFS>/data/coco)")
     p.add_argument("--max-restarts", type=int, default=3,
-                   help="restarts after a failure, each on the nodes healthy by then, resuming from the checkpoint")
-    p.add_argument("--restart-wait", type=float, default=120.0, help="seconds before a restart")
+                   help="restarts after a failure, each resuming from the checkpoint")
+    p.add_argument("--restart-wait", type=float, default=120.0,
+                   help="seconds before a restart, and between checks while waiting for nodes")
+    p.add_argument("--node-wait", type=float, default=3600.0,
+                   help="seconds to wait for the cluster to have the run's rank count again before giving up")
+    p.add_argument("--allow-fewer-ranks", action="store_true",
+                   help="resume on fewer ranks than the run trained with (changes the global batch and LR schedule)")
     p.add_argument("--min-nodes", type=int, default=1)
     p.add_argument("--cluster-env", default=CLUSTER_ENV)
     p.add_argument("--dry-run", action="store_true", help="check nodes and print the command; start nothing")
@@ -81,17 +150,27 @@ def main(argv: list[str] | None = None, runner: health.CommandRunner | None = No
         data_dir = a.data_dir or f"{efs}/data/coco"
         session = boto3.session.Session(region_name=env.get("AWS_REGION"))
         ssh_port = int(env.get("SSH_PORT", 2222))
-        runner = runner or health.SshRunner(port=ssh_port)
+        ssh_key = cluster_key(a.cluster_env)
+        runner = runner or health.SshRunner(port=ssh_port, key=ssh_key)
         if not any(o.startswith("DATA.BASEDIR=") for o in a.overrides) and not Path(data_dir, "annotations").is_dir():
             raise LaunchError(f"no COCO dataset at {data_dir} (no annotations/ folder): stage it first "
                               f"(python -m launch.staging to-efs --efs-dir {data_dir}), or pass --data-dir")
+
+        def discover():
+            return discover_nodes(session, master_asg=env["MASTER_ASG_NAME"], worker_asg=env.get("WORKER_ASG_NAME"))
+
+        def check(nodes):
+            return healthy_nodes(nodes, runner, efs_mount=efs, min_nodes=a.min_nodes)
+
+        started_with = None
         for attempt in range(a.max_restarts + 1):
-            nodes = discover_nodes(session, master_asg=env["MASTER_ASG_NAME"], worker_asg=env.get("WORKER_ASG_NAME"))
-            ok, table = healthy_nodes(nodes, runner, efs_mount=efs, min_nodes=a.min_nodes)
-            print(table, flush=True)
+            wanted = recorded_ranks(logdir) or started_with
+            ok = wait_for_ranks(discover, check, wanted=wanted, allow_fewer=a.allow_fewer_ranks,
+                                wait_s=a.node_wait, poll_s=a.restart_wait)
             hosts, cmd = build_command(ok, logdir=logdir, data_dir=data_dir, overrides=a.overrides,
-                                       ssh_port=ssh_port)
-            print(f"attempt {attempt + 1}: {len(ok)} node(s), {sum(n.as_node().slots for n in ok)} rank(s)\n"
+                                       ssh_port=ssh_port, ssh_key=ssh_key)
+            started_with = ranks(ok)
+            print(f"attempt {attempt + 1}: {len(ok)} node(s), {started_with} rank(s)\n"
                   f"{format_command(cmd)}", flush=True)
             if a.dry_run:
                 return 0

@@ -1,15 +1,15 @@
 """Health checks run for real against this machine (LocalRunner) and over real ssh to a closed port.
 
 What a cluster node has and this machine lacks is stood in for locally: an `nvidia-smi` on PATH that
-lists GPUs, and the root mount's file system type taken as the "EFS" type.
+lists GPUs, and a temporary folder as the EFS mount. tests/launch/test_cluster_emulated.py runs the
+same checks over SSH on emulated hosts.
 """
-import subprocess
 import sys
 
 import pytest
 
 from launch.cluster import health
-from launch.cluster.health import LocalRunner, SshRunner, check_cluster, check_node, format_table
+from launch.cluster.health import LocalRunner, SshRunner, check_cluster, check_node, efs_marker, format_table
 from launch.code_version import code_version
 
 
@@ -25,30 +25,32 @@ def fake_gpus(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", f"{bin_dir}:{__import__('os').environ['PATH']}")
 
 
-def _fstype(path="/"):
-    return subprocess.run(["findmnt", "-n", "-o", "FSTYPE", "--target", str(path)],
-                          capture_output=True, text=True, check=True).stdout.strip()
-
-
-def test_healthy_node(fake_gpus):
-    h = check_node(LocalRunner(), "localhost", role="master", expected_gpus=2, efs_mount="/",
-                   efs_fstypes=(_fstype(),), expected_code_version=code_version(), python=sys.executable)
+def test_healthy_node(fake_gpus, tmp_path):
+    with efs_marker(str(tmp_path)) as marker:
+        h = check_node(LocalRunner(), "localhost", role="master", expected_gpus=2, efs_mount=str(tmp_path),
+                       efs_marker=marker, expected_code_version=code_version(), python=sys.executable)
+        assert marker.is_file()
+    assert not marker.exists()  # the master cleans up after the check
     assert h.healthy, h.problems
     assert (h.reachable, h.gpus_visible, h.efs_mounted, h.code_version) == (True, 2, True, code_version())
 
 
 def test_problems_are_named(fake_gpus, tmp_path):
-    h = check_node(LocalRunner(), "localhost", expected_gpus=8, efs_mount=str(tmp_path),
+    # The master's marker is not where this node looks: its /efs is not the master's EFS.
+    h = check_node(LocalRunner(), "localhost", expected_gpus=8, efs_mount="/efs",
+                   efs_marker=tmp_path / "elsewhere" / "marker",
                    expected_code_version="0123456789ab", python=sys.executable)
     assert not h.healthy
-    assert h.problems == ["2 of 8 GPUs visible", f"{tmp_path} is not an EFS mount (it is {_fstype(tmp_path)})",
+    assert h.problems == ["2 of 8 GPUs visible",
+                          "/efs does not show the master's EFS (not mounted, or another file system)",
                           f"code {code_version()} differs from master's 0123456789ab"]
 
 
 def test_no_gpu_driver_means_zero_gpus(tmp_path, monkeypatch):
     (tmp_path / "true").symlink_to(__import__("shutil").which("true"))
-    monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi, no findmnt: both checks fail, not crash
-    h = check_node(LocalRunner(), "localhost", expected_gpus=1, efs_mount="/", python=sys.executable)
+    monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi, no test: both checks fail, not crash
+    h = check_node(LocalRunner(), "localhost", expected_gpus=1, efs_mount="/", efs_marker="/nonexistent",
+                   python=sys.executable)
     assert h.gpus_visible == 0
     assert "0 of 1 GPUs visible" in h.problems
     assert h.efs_mounted is False
@@ -71,7 +73,8 @@ def test_table_shows_each_node(fake_gpus, tmp_path):
     table = format_table(results)
     lines = table.splitlines()
     assert lines[0].split() == ["NODE", "ROLE", "REACHABLE", "GPUS", "EFS", "CODE", "STATUS"]
-    assert lines[1].split()[:6] == ["10.0.0.4", "master", "yes", "2/2", "NO", code_version()]
+    assert lines[1].split()[:6] == ["10.0.0.4", "master", "yes", "2/2", "yes", code_version()]
+    assert lines[1].endswith("ok")
     assert "2 of 4 GPUs visible" in lines[2]
-    assert lines[-1] == "0 of 2 nodes healthy"
-    assert health.EFS_FSTYPES[0] == "nfs4"
+    assert lines[-1] == "1 of 2 nodes healthy"
+    assert list((tmp_path / health.MARKER_DIR).iterdir()) == []

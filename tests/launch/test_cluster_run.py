@@ -1,8 +1,9 @@
 """The master's one command: nodes from moto's auto-scaling groups, health checks run for real on
 this machine (LocalRunner), and a stand-in `mpirun` on PATH that fails once (a node failure) and
 then succeeds, to check the hostfile, the command and the resume attempt."""
+import contextlib
+import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -12,11 +13,6 @@ import pytest
 from launch.cluster import health, run
 from launch.cluster.hostfile import ClusterNode
 from launch.cluster.launch_command import format_command
-
-
-def _fstype(path):
-    return subprocess.run(["findmnt", "-n", "-o", "FSTYPE", "--target", str(path)],
-                          capture_output=True, text=True, check=True).stdout.strip()
 
 
 @pytest.fixture
@@ -36,11 +32,15 @@ def cluster(aws_env, tmp_path, monkeypatch):
     env_file = tmp_path / "cluster.env"
     env_file.write_text(f"AWS_REGION=us-east-1\nMASTER_ASG_NAME=m-asg\nWORKER_ASG_NAME=w-asg\n"
                         f"EFS_MOUNT={efs}\nSSH_PORT=2222\n")
-    monkeypatch.setattr(health, "EFS_FSTYPES", (_fstype(efs),))  # this disk plays EFS
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     monkeypatch.setenv("PATH", f"{bin_dir}:{Path(sys.executable).parent}:{os.environ['PATH']}")
     return env_file, efs, bin_dir
+
+
+@contextlib.contextmanager
+def _marker_nobody_sees(efs_mount):
+    yield "/nonexistent/marker"  # as if no node had the master's EFS mounted
 
 
 def _fake_mpirun(bin_dir: Path, log: Path, fail_times: int):
@@ -88,7 +88,7 @@ def test_gives_up_after_max_restarts_with_the_exit_status(cluster, tmp_path, cap
 
 def test_unhealthy_master_stops_before_launch(cluster, monkeypatch, capsys):
     env_file, _, _ = cluster
-    monkeypatch.setattr(health, "EFS_FSTYPES", ("nfs4",))  # now no node has EFS mounted
+    monkeypatch.setattr(health, "efs_marker", _marker_nobody_sees)
     assert run.main(["--cluster-env", str(env_file), "--dry-run"], runner=health.LocalRunner()) == 2
     assert "the master node failed its health check" in capsys.readouterr().err
 
@@ -120,3 +120,53 @@ def test_missing_dataset_is_named_before_anything_starts(cluster, capsys):
     assert run.main(["--cluster-env", str(env_file), "--data-dir", str(efs / "nope")],
                     runner=health.LocalRunner()) == 2
     assert f"no COCO dataset at {efs / 'nope'}" in capsys.readouterr().err
+
+
+def _record_ranks(efs: Path, run_name: str, ranks: int):
+    """What training.train's rank 0 leaves in the log directory: the finalized config."""
+    logdir = efs / "logs" / run_name
+    logdir.mkdir(parents=True)
+    (logdir / "config.json").write_text(json.dumps({"TRAIN": {"NUM_GPUS": ranks, "BATCH_SIZE_PER_GPU": 2}}))
+
+
+def test_resume_on_fewer_ranks_waits_then_names_the_flag(cluster, tmp_path, capsys):
+    env_file, efs, bin_dir = cluster
+    _record_ranks(efs, "r3", 3)  # the run trained on 3 ranks; the cluster has 2 nodes now
+    _fake_mpirun(bin_dir, tmp_path / "mpirun.log", fail_times=0)
+    rc = run.main(["--cluster-env", str(env_file), "--run-name", "r3", "--restart-wait", "0.1", "--node-wait", "0.3"],
+                  runner=health.LocalRunner())
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert not (tmp_path / "mpirun.log").exists()  # nothing started on the wrong rank count
+    assert "the run trained on 3 ranks, 2 are healthy now: waiting for the cluster to be whole" in err
+    assert "pass --allow-fewer-ranks to continue anyway" in err
+
+
+def test_allow_fewer_ranks_continues_and_says_what_changes(cluster, tmp_path, capsys):
+    env_file, efs, bin_dir = cluster
+    _record_ranks(efs, "r3", 3)
+    _fake_mpirun(bin_dir, tmp_path / "mpirun.log", fail_times=0)
+    assert run.main(["--cluster-env", str(env_file), "--run-name", "r3", "--allow-fewer-ranks"],
+                    runner=health.LocalRunner()) == 0
+    assert "continuing on 2 of the run's 3 ranks (--allow-fewer-ranks)" in capsys.readouterr().err
+    assert " -np 2 " in (tmp_path / "mpirun.log").read_text()
+
+
+def test_resume_keeps_the_recorded_rank_count_on_a_bigger_cluster(cluster, tmp_path, capsys):
+    env_file, efs, bin_dir = cluster
+    _record_ranks(efs, "r1", 1)  # trained on the master alone; a worker has joined since
+    _fake_mpirun(bin_dir, tmp_path / "mpirun.log", fail_times=0)
+    assert run.main(["--cluster-env", str(env_file), "--run-name", "r1"], runner=health.LocalRunner()) == 0
+    assert " -np 1 " in (tmp_path / "mpirun.log").read_text()
+    assert len((efs / "logs" / "r1" / "hostfile").read_text().splitlines()) == 1
+
+
+def test_waits_until_the_cluster_is_whole_again():
+    master = ClusterNode("i-1", "10.0.0.1", "c5.xlarge", "master", 0)
+    worker = ClusterNode("i-2", "10.0.0.2", "c5.xlarge", "worker", 0)
+    healthy = iter([[master], [master], [master, worker]])  # the worker comes back at the third check
+    slept = []
+    ok = run.wait_for_ranks(lambda: [master, worker], lambda nodes: (next(healthy), "table"), wanted=2,
+                            allow_fewer=False, wait_s=100, poll_s=5, clock=lambda: 5 * len(slept),
+                            sleep=slept.append)
+    assert ok == [master, worker] and slept == [5, 5]
