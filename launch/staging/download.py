@@ -14,9 +14,12 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import http.client
 import json
+import re
 import shutil
 import tarfile
+import time
 import urllib.error
 import urllib.request
 import zipfile
@@ -27,6 +30,8 @@ from tqdm import tqdm
 from launch.staging.diskspace import StagingError, ensure_free_space
 
 CHUNK = 1 << 20
+DOWNLOAD_ATTEMPTS = 5   # per run; a dropped connection resumes with a range request
+RETRY_DELAY_S = 2.0     # x attempt number, between attempts
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,68 +95,164 @@ def with_overrides(artifacts, urls: dict[str, str], checksums: dict[str, str]) -
                  for a in artifacts)
 
 
-def _verify(path: Path, artifact: Artifact) -> bool:
-    algo, expected = parse_checksum(artifact.checksum)
-    return file_digest(path, algo) == expected
+def file_digests(path: Path, algos: tuple[str, ...]) -> dict[str, str]:
+    """Several digests of one file in a single read (COCO's train2017.zip is 18 GiB)."""
+    hashes = {algo: hashlib.new(algo) for algo in algos}
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK):
+            for h in hashes.values():
+                h.update(chunk)
+    return {algo: h.hexdigest() for algo, h in hashes.items()}
 
 
-def fetch(artifact: Artifact, downloads: Path, *, allow_unpinned: bool = False, progress: bool = True) -> Path:
-    """Download ``artifact`` into ``downloads`` unless a verified copy is there; return its path."""
+class _Interrupted(Exception):
+    """The connection ended before the whole body arrived; what arrived is kept in the .part file."""
+
+
+def _validator(headers) -> str | None:
+    """What ``If-Range`` sends back so a resumed range comes from the same version of the file."""
+    etag = headers.get("ETag")
+    if etag and not etag.startswith("W/"):   # weak ETags are not allowed in If-Range
+        return etag
+    return headers.get("Last-Modified")
+
+
+def _download_once(artifact: Artifact, part: Path, progress: bool) -> None:
+    """One request: resume ``part`` from its size with a range request, or start it afresh when
+    there is nothing to resume or the server sends the whole file (no range support, file changed)."""
+    meta_path = part.with_name(part.name + ".json")
+    meta = json.loads(meta_path.read_text()) if part.exists() and meta_path.exists() else {}
+    have = part.stat().st_size if meta.get("url") == artifact.url else 0
+    headers = {}
+    if have:
+        headers["Range"] = f"bytes={have}-"
+        if meta.get("validator"):
+            headers["If-Range"] = meta["validator"]
+    try:
+        resp = urllib.request.urlopen(urllib.request.Request(artifact.url, headers=headers), timeout=60)
+    except urllib.error.HTTPError as err:
+        if err.code == 416 and have:   # the kept part is not a prefix of this file: start again
+            part.unlink()
+            raise _Interrupted("the server refused to resume (416); starting again") from None
+        raise
+    with resp:
+        total = int(resp.headers.get("Content-Length") or 0)
+        content_range = re.fullmatch(r"bytes (\d+)-(\d+)/(\d+|\*)", resp.headers.get("Content-Range") or "")
+        if resp.status == 206 and content_range and int(content_range[1]) == have:
+            mode, start = "ab", have
+            total = have + total
+        else:
+            mode, start = "wb", 0
+            meta_path.write_text(json.dumps({"url": artifact.url, "validator": _validator(resp.headers)}))
+        if total:
+            ensure_free_space(part.parent, total - start, what=f"downloading {artifact.name}")
+        with open(part, mode) as out, tqdm(total=total or None, initial=start, unit="B", unit_scale=True,
+                                           desc=artifact.name, disable=not progress) as bar:
+            while chunk := resp.read(CHUNK):
+                out.write(chunk)
+                bar.update(len(chunk))
+    received = part.stat().st_size
+    # http.client returns an empty read when the peer closes early: a short body must not pass for
+    # the whole file (an unpinned one would be accepted as it is).
+    if total and received != total:
+        raise _Interrupted(f"the connection closed after {received} of {total} bytes")
+
+
+def _retryable(err: Exception) -> bool:
+    if isinstance(err, urllib.error.HTTPError):
+        return err.code >= 500 or err.code in (408, 429)
+    return isinstance(err, (_Interrupted, urllib.error.URLError, OSError, http.client.HTTPException))
+
+
+def fetch(artifact: Artifact, downloads: Path, *, allow_unpinned: bool = False,
+          progress: bool = True) -> tuple[Path, str]:
+    """Download ``artifact`` into ``downloads`` unless a verified copy is there; return its path and sha256.
+
+    A dropped connection is retried with a range request from where it stopped (``DOWNLOAD_ATTEMPTS``
+    times); after that the partial file is kept as ``<name>.part`` and the next run resumes it."""
     if artifact.checksum is None and not allow_unpinned:
         raise StagingError(f"no checksum pinned for {artifact.name}: pass --checksum {artifact.name}=sha256:<hex> "
                            f"(from a copy you trust), or --allow-unpinned to accept it and record its sha256")
     dest = downloads / artifact.name
-    if dest.exists() and artifact.checksum and _verify(dest, artifact):
-        return dest
+    if dest.exists() and artifact.checksum and (sha256 := _verify(dest, artifact)):
+        return dest, sha256
     downloads.mkdir(parents=True, exist_ok=True)
     part = dest.with_name(dest.name + ".part")
-    try:
-        with urllib.request.urlopen(artifact.url, timeout=60) as resp:
-            total = int(resp.headers.get("Content-Length") or 0)
-            if total:
-                ensure_free_space(downloads, total, what=f"downloading {artifact.name}")
-            with open(part, "wb") as out, tqdm(total=total or None, unit="B", unit_scale=True,
-                                               desc=artifact.name, disable=not progress) as bar:
-                while chunk := resp.read(CHUNK):
-                    out.write(chunk)
-                    bar.update(len(chunk))
-    except (urllib.error.URLError, OSError) as err:
-        part.unlink(missing_ok=True)
-        raise StagingError(f"download of {artifact.name} from {artifact.url} failed: {err}; "
-                           f"check the URL (--url {artifact.name}=...) and the network") from None
-    if artifact.checksum and not _verify(part, artifact):
+    meta_path = part.with_name(part.name + ".json")
+    for attempt in range(1, DOWNLOAD_ATTEMPTS + 1):
+        try:
+            _download_once(artifact, part, progress)
+            break
+        except (_Interrupted, urllib.error.URLError, OSError, http.client.HTTPException) as err:
+            kept = part.stat().st_size if part.exists() else 0
+            if not _retryable(err) or attempt == DOWNLOAD_ATTEMPTS:
+                hint = (f"{kept} bytes are kept in {part}: rerun to resume" if kept and _retryable(err) else
+                        f"check the URL (--url {artifact.name}=...) and the network")
+                raise StagingError(f"download of {artifact.name} from {artifact.url} failed "
+                                   f"(attempt {attempt} of {DOWNLOAD_ATTEMPTS}): {err}; {hint}") from None
+            time.sleep(RETRY_DELAY_S * attempt)
+    sha256 = _verify(part, artifact) if artifact.checksum else file_digest(part)
+    if not sha256:
         part.unlink()
+        meta_path.unlink(missing_ok=True)
         raise StagingError(f"{artifact.name} from {artifact.url} does not match its checksum {artifact.checksum}: "
                            f"the download is corrupt or the file changed; the bad copy was deleted")
     part.replace(dest)
-    return dest
+    meta_path.unlink(missing_ok=True)
+    return dest, sha256
 
 
-def _archive_size(path: Path) -> int:
+def _verify(path: Path, artifact: Artifact) -> str | None:
+    """The file's sha256 if it matches the artifact's pinned checksum, else None (one read for both)."""
+    algo, expected = parse_checksum(artifact.checksum)
+    digests = file_digests(path, tuple(dict.fromkeys((algo, "sha256"))))
+    return digests["sha256"] if digests[algo] == expected else None
+
+
+def _archive_members(path: Path) -> list[tuple[str, int]]:
+    """(name, size) of every regular file in a zip or tar archive."""
     if zipfile.is_zipfile(path):
         with zipfile.ZipFile(path) as z:
-            return sum(i.file_size for i in z.infolist())
+            return [(i.filename, i.file_size) for i in z.infolist() if not i.is_dir()]
     with tarfile.open(path) as t:
-        return sum(m.size for m in t.getmembers())
+        return [(m.name, m.size) for m in t.getmembers() if m.isfile()]
+
+
+def _is_in_place(path: Path, size: int) -> bool:
+    try:
+        return path.stat().st_size == size
+    except OSError:
+        return False
 
 
 def install(artifact: Artifact, file: Path, stage: Path) -> None:
-    """Extract an archive (or copy a plain file) into its place under ``stage``."""
+    """Extract an archive (or copy a plain file) into its place under ``stage``.
+
+    Only files not already there with their size are written, and only they count against the free
+    space: a rerun after a finished extraction writes nothing, one after an interrupted extraction
+    completes it."""
     if artifact.extract_to is None:
         target = stage / artifact.target
+        placed = target / artifact.name
+        if _is_in_place(placed, file.stat().st_size) and file_digest(placed) == file_digest(file):
+            return
         target.mkdir(parents=True, exist_ok=True)
         ensure_free_space(target, file.stat().st_size, what=f"copying {artifact.name}")
-        shutil.copy2(file, target / artifact.name)
+        shutil.copy2(file, placed)
         return
     target = stage / artifact.extract_to
-    ensure_free_space(target, _archive_size(file), what=f"extracting {artifact.name}")
+    missing = [(name, size) for name, size in _archive_members(file) if not _is_in_place(target / name, size)]
+    if not missing:
+        return
+    ensure_free_space(target, sum(size for _, size in missing), what=f"extracting {artifact.name}")
     target.mkdir(parents=True, exist_ok=True)
+    names = {name for name, _ in missing}
     if zipfile.is_zipfile(file):
         with zipfile.ZipFile(file) as z:   # zipfile drops absolute paths and '..' in member names
-            z.extractall(target)
+            z.extractall(target, members=[i for i in z.infolist() if i.filename in names])
     else:
-        with tarfile.open(file) as t:
-            t.extractall(target, filter="data")  # refuses links and paths outside target
+        with tarfile.open(file) as t:   # the "data" filter refuses links and paths outside target
+            t.extractall(target, members=[m for m in t.getmembers() if m.name in names], filter="data")
 
 
 def stage_dataset(stage: Path, artifacts=COCO_2017, *, allow_unpinned: bool = False, progress: bool = True) -> Path:
@@ -163,8 +264,7 @@ def stage_dataset(stage: Path, artifacts=COCO_2017, *, allow_unpinned: bool = Fa
     for artifact in artifacts:
         if artifact.checksum is None and artifact.name in record:
             artifact = dataclasses.replace(artifact, checksum="sha256:" + record[artifact.name])
-        file = fetch(artifact, downloads, allow_unpinned=allow_unpinned, progress=progress)
-        record[artifact.name] = file_digest(file, "sha256")
+        file, record[artifact.name] = fetch(artifact, downloads, allow_unpinned=allow_unpinned, progress=progress)
+        record_path.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")   # kept if a later one fails
         install(artifact, file, stage)
-    record_path.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
     return stage

@@ -1,5 +1,10 @@
 """Data staging against a local HTTP server (the "COCO site") and moto S3 (the stack's bucket)."""
+import hashlib
+import http.server
+import os
+import re
 import shutil
+import threading
 import urllib.parse
 from pathlib import Path
 
@@ -151,3 +156,163 @@ def test_cli_reads_bucket_from_stack_outputs(aws_env, coco_site, tmp_path, capsy
     assert _tree(tmp_path / "efs") == _tree(coco_site.dataset)
     assert cli.main(["to-efs", "--stack", "NoSuchStack", "--efs-dir", str(tmp_path / "x")]) == 2
     assert "stack 'NoSuchStack' does not exist" in capsys.readouterr().err
+
+
+# --- issue 8, defect 7: S3 -> EFS verification, rerunning `download`, resumable downloads ---
+
+def _small_tree(root: Path, n_dirs: int, per_dir: int) -> None:
+    for d in range(n_dirs):
+        (root / f"split{d}").mkdir(parents=True)
+        for i in range(per_dir):
+            (root / f"split{d}" / f"{i:06d}.jpg").write_bytes(f"image {d}/{i} ".encode() * (50 + i % 40))
+
+
+def test_copy_to_efs_makes_one_get_per_file_and_each_directory_once(aws_env, tmp_path, monkeypatch):
+    """The seed-like copy did HEAD + GET + HEAD and a re-read per file, verified one at a time on
+    the main thread, and a mkdir per file: each costs an EFS or S3 round trip, x 120,000 COCO images."""
+    src = tmp_path / "src"
+    _small_tree(src, n_dirs=3, per_dir=100)
+    (src / "big.bin").write_bytes(bytes(range(256)) * (14 * 1024 + 7))   # 3.5 MiB: 4 parts of 1 MiB
+    session = boto3.session.Session()
+    session.client("s3").create_bucket(Bucket="staging-bucket")
+    s3sync.upload_tree(session, src, "staging-bucket", "data/coco", concurrency=8, progress=False)
+    calls = []
+    session.events.register("before-send.s3", lambda request, **kw: calls.append(
+        (request.method, urllib.parse.urlparse(request.url).path, str(request.headers.get("Range") or ""))))
+    mkdirs = []
+    real_mkdir = os.mkdir
+    monkeypatch.setattr(os, "mkdir", lambda path, *a, **k: (mkdirs.append(str(path)), real_mkdir(path, *a, **k))[1])
+
+    efs = tmp_path / "efs" / "coco"
+    report = s3sync.copy_to_local(session, "staging-bucket", "data/coco", efs, concurrency=8, progress=False,
+                                  part_size=1 << 20)
+    assert _tree(efs) == _tree(src) and len(report.transferred) == 301
+    gets = [c for c in calls if c[0] == "GET" and "/data/coco/" in c[1]]
+    assert not [c for c in calls if c[0] == "HEAD" and "/data/coco/" in c[1]]   # no HEAD per object
+    small = [c for c in gets if not c[1].endswith("big.bin")]
+    assert len(small) == 300 and len({c[1] for c in small}) == 300              # one GET per small file
+    big_ranges = sorted(c[2] for c in gets if c[1].endswith("big.bin"))
+    assert len(big_ranges) == 4 and all("bytes=" in r for r in big_ranges)      # ranged parts in parallel
+    assert len(mkdirs) <= 10   # about one per directory (efs, coco, 3 splits), not one per file (301)
+    assert not list(efs.rglob("*.part"))
+
+
+def test_copy_to_efs_deletes_a_file_that_does_not_match_its_recorded_sha256(aws_env, tmp_path):
+    session = boto3.session.Session()
+    client = session.client("s3")
+    client.create_bucket(Bucket="staging-bucket")
+    client.put_object(Bucket="staging-bucket", Key="data/a.json", Body=b"{}",
+                      Metadata={s3sync.SHA256_KEY: "0" * 64})
+    efs = tmp_path / "efs"
+    with pytest.raises(StagingError, match=r"does not match the sha256 recorded for s3://staging-bucket/data/a.json"):
+        s3sync.copy_to_local(session, "staging-bucket", "data", efs, progress=False)
+    assert [p for p in efs.rglob("*") if p.is_file()] == []
+
+
+def test_rerunning_download_after_extraction_needs_no_free_space(coco_site, tmp_path, monkeypatch):
+    """On the notebook's 50 GiB volume the kept archives (19 GiB) and the extracted tree (20 GiB)
+    leave less free space than a second extraction would need: a rerun must skip what is done."""
+    stage = dl.stage_dataset(tmp_path / "stage", coco_site.artifacts, progress=False)
+    image = next((stage / "coco" / "train2017").iterdir())
+    mtime = image.stat().st_mtime_ns
+    real = shutil.disk_usage
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: real(p)._replace(free=1000))  # the full volume
+    dl.stage_dataset(stage, coco_site.artifacts, progress=False)
+    assert image.stat().st_mtime_ns == mtime                       # not extracted again
+    # An extraction that stopped half-way (a file missing, one cut short) is completed, and only
+    # what is missing counts against the free space.
+    image.unlink()
+    other = sorted((stage / "coco" / "val2017").iterdir())[0]
+    other.write_bytes(other.read_bytes()[:10])
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: real(p)._replace(free=2 * 1024 * 1024))
+    dl.stage_dataset(stage, coco_site.artifacts, progress=False)
+    assert _tree(stage / "coco") == {**_tree(coco_site.dataset),
+                                     "weights/ImageNet-R50-AlignPadding.npz": b"pretend weights " * 1000}
+
+
+class _FlakySite:
+    """One file over real HTTP on 127.0.0.1 with Range/If-Range support; the first ``drops``
+    responses stop after half their body and close the connection (a dropped download)."""
+
+    def __init__(self, payload: bytes, drops: int):
+        self.payload, self.drops, self.requests = payload, drops, []
+        site = self
+        etag = '"v1-%d"' % len(payload)
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                wanted = self.headers.get("Range")
+                start = 0
+                if wanted and self.headers.get("If-Range", etag) == etag:
+                    start = int(re.fullmatch(r"bytes=(\d+)-", wanted)[1])
+                    if start >= len(site.payload):
+                        self.send_response(416)
+                        self.send_header("Content-Range", f"bytes */{len(site.payload)}")
+                        self.send_header("Content-Length", "0")
+                        self.end_headers()
+                        site.requests.append((wanted, 0))
+                        return
+                    self.send_response(206)
+                    self.send_header("Content-Range", f"bytes {start}-{len(site.payload) - 1}/{len(site.payload)}")
+                else:
+                    self.send_response(200)
+                body = site.payload[start:]
+                self.send_header("Content-Length", str(len(body)))
+                self.send_header("ETag", etag)
+                self.end_headers()
+                if len(site.requests) < site.drops:
+                    body = body[:len(body) // 2]
+                    self.close_connection = True
+                self.wfile.write(body)
+                site.requests.append((wanted, len(body)))
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/weights.npz"
+
+
+@pytest.fixture
+def flaky_site():
+    sites = []
+
+    def make(payload: bytes, drops: int) -> _FlakySite:
+        sites.append(_FlakySite(payload, drops))
+        return sites[-1]
+    yield make
+    for s in sites:
+        s.server.shutdown()
+        s.server.server_close()
+
+
+def test_dropped_download_resumes_with_a_range_request(flaky_site, tmp_path, monkeypatch):
+    monkeypatch.setattr(dl, "RETRY_DELAY_S", 0.0)
+    payload = os.urandom(8 << 20)
+    site = flaky_site(payload, drops=1)
+    artifact = dl.Artifact("w.npz", site.url, "sha256:" + hashlib.sha256(payload).hexdigest(), None)
+    dl.stage_dataset(tmp_path, (artifact,), progress=False)
+    assert (tmp_path / "coco" / "w.npz").read_bytes() == payload
+    half = len(payload) // 2
+    assert site.requests == [(None, half), (f"bytes={half}-", len(payload) - half)]  # nothing fetched twice
+
+
+def test_interrupted_download_is_kept_and_a_rerun_resumes_it(flaky_site, tmp_path, monkeypatch):
+    monkeypatch.setattr(dl, "RETRY_DELAY_S", 0.0)
+    payload = os.urandom(8 << 20)
+    site = flaky_site(payload, drops=dl.DOWNLOAD_ATTEMPTS)   # every attempt of the first run drops
+    artifact = dl.Artifact("w.npz", site.url, None, None)
+    with pytest.raises(StagingError, match=r"download of w.npz .* failed .* rerun to resume"):
+        dl.stage_dataset(tmp_path, (artifact,), allow_unpinned=True, progress=False)
+    kept = (tmp_path / "downloads" / "w.npz.part").stat().st_size
+    assert kept == sum(sent for _, sent in site.requests) and 0 < kept < len(payload)
+    # A truncated body is never taken for the whole file, pinned checksum or not.
+    assert not (tmp_path / "downloads" / "w.npz").exists()
+    dl.stage_dataset(tmp_path, (artifact,), allow_unpinned=True, progress=False)   # the rerun
+    assert site.requests[-1] == (f"bytes={kept}-", len(payload) - kept)
+    assert (tmp_path / "coco" / "w.npz").read_bytes() == payload
+    assert hashlib.sha256(payload).hexdigest() in (tmp_path / "checksums.json").read_text()
+    assert sorted(p.name for p in (tmp_path / "downloads").iterdir()) == ["w.npz"]
