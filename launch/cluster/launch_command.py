@@ -11,12 +11,15 @@ Why these flags (see REFERENCE.md, known problems 1, 2 and 8):
 - ``orte_abort_on_non_zero_status``: one failed rank ends the whole job (so the run can resume)
   instead of leaving the others blocked in a collective.
 - Horovod's stall shutdown: a rank stalled for this long aborts the job rather than hanging it.
-- ``-x FI_PROVIDER=efa`` on EFA instances routes NCCL through the EFA libfabric provider.
+- ``-x FI_PROVIDER=efa`` on EFA instances routes NCCL through the EFA libfabric provider;
+  ``FI_EFA_USE_DEVICE_RDMA=1`` only when every node's type has RDMA read (libfabric aborts on an
+  EFA device without it, e.g. p3dn, g5); elsewhere libfabric decides from the device.
 """
 from __future__ import annotations
 
 import shlex
 import sys
+from collections.abc import Collection
 from dataclasses import dataclass
 
 DEFAULT_SSH_PORT = 2222
@@ -31,6 +34,11 @@ HOROVOD_ENV = {
     "HOROVOD_STALL_CHECK_TIME_SECONDS": "60",
     "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "1800",
 }
+
+# Instance families whose EFA device supports RDMA read (one table for the cluster and the checks;
+# SageMaker's MPI runner keeps its own, sagemaker_training.SM_EFA_RDMA_INSTANCES, which agrees).
+# EFA without RDMA read: p3dn, g4dn, g5, g6, g6e, ... There, FI_EFA_USE_DEVICE_RDMA=1 makes libfabric abort.
+EFA_RDMA_READ_FAMILIES = frozenset({"p4d", "p4de", "p5", "p5e", "p5en", "p6-b200", "p6-b300", "p6e-gb200"})
 
 # Variables every rank needs from the launching shell.
 PASSED_THROUGH = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "TF_USE_LEGACY_KERAS", "TF_CPP_MIN_LOG_LEVEL")
@@ -47,20 +55,28 @@ class Node:
             raise ValueError(f"node {self.address} has {self.slots} slots; every node needs at least 1")
 
 
-def nccl_env(*, efa: bool) -> dict[str, str]:
+def efa_rdma_read(instance_type: str) -> bool:
+    """Whether ``instance_type`` (EC2 ``p4d.24xlarge`` or SageMaker ``ml.p4d.24xlarge``) has EFA RDMA read."""
+    name = instance_type.removeprefix("ml.")
+    return name.split(".", 1)[0] in EFA_RDMA_READ_FAMILIES
+
+
+def nccl_env(*, efa: bool, instance_types: Collection[str] = ()) -> dict[str, str]:
+    """``instance_types``: the job's node types; RDMA read is forced on only when all of them have it."""
     env = {
         "NCCL_SOCKET_IFNAME": "^" + ",".join(reversed(EXCLUDED_INTERFACES)),  # ^docker0,lo
         "NCCL_DEBUG": "WARN",
     }
     if efa:
         env["FI_PROVIDER"] = "efa"
-        env["FI_EFA_USE_DEVICE_RDMA"] = "1"
+        if instance_types and all(efa_rdma_read(t) for t in instance_types):
+            env["FI_EFA_USE_DEVICE_RDMA"] = "1"
     return env
 
 
-def horovod_env(*, efa: bool) -> dict[str, str]:
+def horovod_env(*, efa: bool, instance_types: Collection[str] = ()) -> dict[str, str]:
     """Environment every rank gets: NCCL/EFA interface choice plus Horovod tuning."""
-    return {**nccl_env(efa=efa), **HOROVOD_ENV}
+    return {**nccl_env(efa=efa, instance_types=instance_types), **HOROVOD_ENV}
 
 
 def hostfile_text(nodes: list[Node]) -> str:
@@ -85,6 +101,7 @@ def ssh_args(*, port: int = DEFAULT_SSH_PORT, key: str = DEFAULT_SSH_KEY) -> str
 
 
 def mpirun_command(nodes: list[Node], *, hostfile: str, train: list[str], efa: bool = False,
+                   instance_types: Collection[str] = (),
                    ssh_port: int = DEFAULT_SSH_PORT, ssh_key: str = DEFAULT_SSH_KEY) -> list[str]:
     """The full ``mpirun`` argv for ``nodes`` (whose hostfile is at ``hostfile``)."""
     if not nodes:
@@ -103,7 +120,7 @@ def mpirun_command(nodes: list[Node], *, hostfile: str, train: list[str], efa: b
         "-mca", "orte_abort_on_non_zero_status", "1",
         "--tag-output",
     ]
-    for key, value in horovod_env(efa=efa).items():
+    for key, value in horovod_env(efa=efa, instance_types=instance_types).items():
         cmd += ["-x", f"{key}={value}"]
     for key in PASSED_THROUGH:
         cmd += ["-x", key]
@@ -122,11 +139,14 @@ if __name__ == "__main__":  # print the command for a hand-written hostfile: pyt
     p.add_argument("--logdir", required=True)
     p.add_argument("--data-dir", default="/efs/data/coco")
     p.add_argument("--efa", action="store_true")
+    p.add_argument("--instance-type", help="the nodes' type, e.g. p4d.24xlarge (EFA RDMA read where it has it)")
     p.add_argument("overrides", nargs="*")
     a = p.parse_args()
     with open(a.hostfile) as f:
         parsed = [line.split() for line in f if line.strip() and not line.startswith("#")]
     ns = [Node(parts[0], int(parts[1].split("=")[1]) if len(parts) > 1 else 1) for parts in parsed]
-    print(format_command(mpirun_command(ns, hostfile=a.hostfile, efa=a.efa, train=train_command(
+    print(format_command(mpirun_command(ns, hostfile=a.hostfile, efa=a.efa,
+                                      instance_types=[a.instance_type] if a.instance_type else [],
+                                      train=train_command(
         logdir=a.logdir, data_dir=a.data_dir, overrides=a.overrides))))
     sys.exit(0)

@@ -1,7 +1,8 @@
 """The mpirun command for a given cluster: exact argv, hostfile, EFA variant."""
 import pytest
 
-from launch.cluster.launch_command import Node, hostfile_text, horovod_env, mpirun_command, train_command
+from launch.cluster.launch_command import (Node, efa_rdma_read, hostfile_text, horovod_env, mpirun_command,
+                                           train_command)
 
 TWO_NODES = [Node("10.0.1.4", 8), Node("10.0.1.5", 8)]
 
@@ -31,10 +32,43 @@ def test_exact_command_for_two_p4d_nodes():
 
 def test_efa_adds_libfabric_provider_only_when_asked():
     plain = mpirun_command(TWO_NODES, hostfile="h", train=["python"])
-    efa = mpirun_command(TWO_NODES, hostfile="h", train=["python"], efa=True)
+    efa = mpirun_command(TWO_NODES, hostfile="h", train=["python"], efa=True,
+                         instance_types=["p4d.24xlarge", "p4d.24xlarge"])
     assert "FI_PROVIDER=efa" not in plain
     assert efa[efa.index("FI_PROVIDER=efa") - 1] == "-x"
     assert set(efa) - set(plain) == {"FI_PROVIDER=efa", "FI_EFA_USE_DEVICE_RDMA=1"}
+
+
+@pytest.mark.parametrize("instance_types", [["g5.48xlarge"], ["p3dn.24xlarge"], ["g6.48xlarge"],
+                                            ["p4d.24xlarge", "g5.48xlarge"], []])
+def test_rdma_read_is_not_forced_where_the_efa_device_lacks_it(instance_types):
+    """libfabric aborts when FI_EFA_USE_DEVICE_RDMA=1 meets an EFA device without RDMA read (p3dn,
+    g5, ...); there, and for unknown types, the variable stays unset and libfabric decides."""
+    cmd = mpirun_command(TWO_NODES, hostfile="h", train=["python"], efa=True, instance_types=instance_types)
+    assert "FI_PROVIDER=efa" in cmd
+    assert not any(a.startswith("FI_EFA_USE_DEVICE_RDMA") for a in cmd)
+
+
+@pytest.mark.parametrize("instance_type", ["p4d.24xlarge", "p4de.24xlarge", "p5.48xlarge", "p5e.48xlarge",
+                                           "p5en.48xlarge", "ml.p4d.24xlarge", "ml.p5.48xlarge"])
+def test_rdma_read_is_used_where_every_node_has_it(instance_type):
+    env = horovod_env(efa=True, instance_types=[instance_type])
+    assert env["FI_EFA_USE_DEVICE_RDMA"] == "1" and env["FI_PROVIDER"] == "efa"
+    assert "FI_EFA_USE_DEVICE_RDMA" not in horovod_env(efa=False, instance_types=[instance_type])
+
+
+def test_rdma_table_agrees_with_sagemakers_runner_and_the_clusters_types():
+    """SageMaker's MPI runner sets the variable from its own list: both tables must say the same for
+    every GPU type either knows; every EFA type the cluster accepts is classified as AWS documents."""
+    from sagemaker_training import SM_EFA_NCCL_INSTANCES, SM_EFA_RDMA_INSTANCES
+
+    from infra.instance_types import EFA_INSTANCE_TYPES
+
+    gpu = [t for t in SM_EFA_NCCL_INSTANCES if not t.startswith("ml.trn")]
+    assert {t for t in gpu if efa_rdma_read(t)} == {t for t in gpu if t in SM_EFA_RDMA_INSTANCES}
+    assert {t for t in EFA_INSTANCE_TYPES if efa_rdma_read(t)} == \
+        {t for t in EFA_INSTANCE_TYPES if t.split(".")[0] in ("p4d", "p4de", "p5", "p5e", "p5en")}
+    assert not efa_rdma_read("g5.48xlarge") and not efa_rdma_read("p3dn.24xlarge")
 
 
 def test_rank_count_and_hostfile_follow_slots():
