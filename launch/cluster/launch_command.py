@@ -61,10 +61,14 @@ def efa_rdma_read(instance_type: str) -> bool:
     return name.split(".", 1)[0] in EFA_RDMA_READ_FAMILIES
 
 
-def nccl_env(*, efa: bool, instance_types: Collection[str] = ()) -> dict[str, str]:
-    """``instance_types``: the job's node types; RDMA read is forced on only when all of them have it."""
+def nccl_env(*, efa: bool, instance_types: Collection[str] = (),
+             socket_interface: str | None = None) -> dict[str, str]:
+    """``instance_types``: the job's node types; RDMA read is forced on only when all of them have it.
+    ``socket_interface``: the interface the platform chose for the job (SageMaker's
+    ``network_interface_name``): NCCL uses exactly that one; else any interface but lo and docker0.
+    """
     env = {
-        "NCCL_SOCKET_IFNAME": "^" + ",".join(reversed(EXCLUDED_INTERFACES)),  # ^docker0,lo
+        "NCCL_SOCKET_IFNAME": socket_interface or "^" + ",".join(reversed(EXCLUDED_INTERFACES)),  # ^docker0,lo
         "NCCL_DEBUG": "WARN",
     }
     if efa:
@@ -74,9 +78,11 @@ def nccl_env(*, efa: bool, instance_types: Collection[str] = ()) -> dict[str, st
     return env
 
 
-def horovod_env(*, efa: bool, instance_types: Collection[str] = ()) -> dict[str, str]:
+def horovod_env(*, efa: bool, instance_types: Collection[str] = (),
+                socket_interface: str | None = None) -> dict[str, str]:
     """Environment every rank gets: NCCL/EFA interface choice plus Horovod tuning."""
-    return {**nccl_env(efa=efa, instance_types=instance_types), **HOROVOD_ENV}
+    return {**nccl_env(efa=efa, instance_types=instance_types, socket_interface=socket_interface),
+            **HOROVOD_ENV}
 
 
 def hostfile_text(nodes: list[Node]) -> str:

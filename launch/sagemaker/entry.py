@@ -163,6 +163,14 @@ def _shared_ssh_key(job: Job) -> Path:
     return shared
 
 
+def rank_env(job: Job) -> dict[str, str]:
+    """Exported to every rank by name (mpirun -x NAME): Horovod/NCCL settings and what the training
+    code needs to import (remote ranks start from sshd's clean environment). NCCL's interface is
+    SageMaker's: the toolkit's mpirun exports it first and these come after it on the command line."""
+    return {**horovod_env(efa=False, socket_interface=job.network_interface), "PYTHONPATH": os.environ.get("PYTHONPATH", ""),
+            "TF_USE_LEGACY_KERAS": "1"}
+
+
 def run_multi_host(job: Job) -> None:
     from sagemaker_training import environment, mpi
 
@@ -170,10 +178,7 @@ def run_multi_host(job: Job) -> None:
         raise JobError("a multi-host job needs the 'log' channel (EFS, read-write): the hosts share the job's "
                        "SSH key and the checkpoints there")
     shared_key_dir = _shared_ssh_key(job)
-    # Exported to every rank by name (mpirun -x NAME): Horovod/NCCL settings and what the
-    # training code needs to import (remote ranks start from sshd's clean environment).
-    env_vars = {**horovod_env(efa=False), "PYTHONPATH": os.environ.get("PYTHONPATH", ""),
-                "TF_USE_LEGACY_KERAS": "1"}
+    env_vars = rank_env(job)
     os.environ.update(env_vars)
     if job.is_leader:
         Path(environment.code_dir).mkdir(parents=True, exist_ok=True)

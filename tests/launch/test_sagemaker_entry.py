@@ -144,3 +144,27 @@ def test_trains_to_a_model_and_resumes(tmp_path, dataset):
     again = run_entry(base)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert "nothing to train" in again.stdout
+
+
+def test_nccl_keeps_sagemakers_network_interface(monkeypatch):
+    """Defect 6: the toolkit's mpirun exports NCCL_SOCKET_IFNAME=<SageMaker's interface>; the entry's own
+    rank variables come later on that command line and must not replace it (they once said ^docker0,lo)."""
+    from sagemaker_training import mpi
+
+    from launch.sagemaker import entry
+
+    job = entry.Job(train_dir="/opt/ml/input/data/train", logdir="/opt/ml/input/data/log/job", overrides=[],
+                    model_dir="/opt/ml/model", hosts=["algo-2", "algo-1"], current_host="algo-1",
+                    processes_per_host=8, network_interface="ens6", instance_type="ml.p4d.24xlarge")
+    env_vars = entry.rank_env(job)
+    monkeypatch.setattr(mpi, "_modelparallel_environment_command", lambda instance_type: [])
+    command = mpi.MasterRunner(entry.RANK_SCRIPT, entry.train_args(job), env_vars, job.processes_per_host,
+                               job.leader, sorted(job.hosts), "", job.network_interface,
+                               instance_type=job.instance_type)._create_command()
+    # `-x NAME=VALUE` exports VALUE; `-x NAME` exports the launching environment's value, which the
+    # entry sets from env_vars. Whichever occurrence mpirun honours, each must name the interface.
+    launching_env = {**os.environ, **env_vars}
+    exported = [arg.partition("=")[2] if "=" in arg else launching_env.get(arg)
+                for flag, arg in zip(command, command[1:])
+                if flag == "-x" and arg.partition("=")[0] == "NCCL_SOCKET_IFNAME"]
+    assert len(exported) >= 1 and set(exported) == {"ens6"}, exported
