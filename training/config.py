@@ -171,7 +171,7 @@ _C.TRAIN.BATCH_SIZE_PER_GPU = 1
 _C.TRAIN.SEED = 42
 _C.TRAIN.WEIGHT_DECAY = 1e-4
 _C.TRAIN.BASE_LR = 1e-2       # for a global batch of 8 images; scaled linearly with the global batch
-_C.TRAIN.WARMUP = 1000        # steps of linear warmup (at global batch 8; scaled inversely)
+_C.TRAIN.WARMUP = 1000        # steps of linear warmup, at any global batch (large batches need all of it)
 _C.TRAIN.WARMUP_INIT_LR = 1e-5
 _C.TRAIN.IMAGES_PER_EPOCH = 120000   # "epoch" = this many images (not a pass over the data)
 _C.TRAIN.STEPS_PER_EPOCH = 0  # derived: IMAGES_PER_EPOCH / global batch
@@ -189,7 +189,7 @@ _C.TRAIN.MAX_STEPS = 0            # derived: last step of the LR schedule
 _C.TRAIN.MAX_EPOCH = 0            # derived: MAX_STEPS / STEPS_PER_EPOCH, rounded up
 _C.TRAIN.LR_BOUNDARIES = []       # derived: global steps where the LR multiplier changes
 _C.TRAIN.LR_MULTIPLIERS = []      # derived: multipliers of the scaled base LR; one more than boundaries
-_C.TRAIN.WARMUP_STEPS = 0         # derived: WARMUP at the actual global batch
+_C.TRAIN.WARMUP_STEPS = 0         # derived: WARMUP, capped at MAX_STEPS
 _C.TRAIN.SCALED_LR = 0.0          # derived: BASE_LR * global batch / 8
 _C.TRAIN.EVAL_MAX_IMAGES = 0      # evaluate on at most this many validation images (0 = all)
 
@@ -198,8 +198,11 @@ _C.TRAIN.EVAL_MAX_IMAGES = 0      # evaluate on at most this many validation ima
 _C.PREPROC.TRAIN_SHORT_EDGE_SIZE = [800, 800]   # [min, max] sampled per image
 _C.PREPROC.TEST_SHORT_EDGE_SIZE = 800
 _C.PREPROC.MAX_SIZE = 1333
-_C.PREPROC.PIXEL_MEAN = [123.675, 116.28, 103.53]   # RGB
-_C.PREPROC.PIXEL_STD = [58.395, 57.12, 57.375]
+# Images are BGR (OpenCV's order, kept by the input pipeline) and so are these statistics: the
+# order tensorpack's ImageNet-*-AlignPadding.npz weights were trained with. Their conv0 is frozen
+# (FREEZE_AT=2), so RGB input or RGB-ordered statistics could never be corrected by training.
+_C.PREPROC.PIXEL_MEAN = [103.53, 116.28, 123.675]   # B, G, R
+_C.PREPROC.PIXEL_STD = [57.375, 57.12, 58.395]      # B, G, R
 _C.PREPROC.HORIZONTAL_FLIP = True
 
 # ---------------------------------------------------------------------------------------------
@@ -439,7 +442,10 @@ def _finalize(cfg: AttrDict, *, num_ranks: int, class_names, has_gpu) -> None:
         cfg.TRAIN.MAX_STEPS = steps[-1]
     cfg.TRAIN.MAX_EPOCH = -(-cfg.TRAIN.MAX_STEPS // spe)
     _require(_is_int(cfg.TRAIN.WARMUP) and cfg.TRAIN.WARMUP >= 0, f"TRAIN.WARMUP must be >= 0 steps, got {cfg.TRAIN.WARMUP!r}")
-    cfg.TRAIN.WARMUP_STEPS = min(int(round(cfg.TRAIN.WARMUP / scale)), cfg.TRAIN.MAX_STEPS)
+    # Not scaled with the global batch (tensorpack and aws-samples keep 1000 steps at any GPU count):
+    # a large global batch starts at a proportionally larger LR and needs the full ramp, or the
+    # first steps diverge (NaN losses at 32 GPUs x 4 images).
+    cfg.TRAIN.WARMUP_STEPS = min(cfg.TRAIN.WARMUP, cfg.TRAIN.MAX_STEPS)
     for key in ("TRAIN.EVAL_PERIOD", "TRAIN.EVAL_MAX_IMAGES"):
         _require(_is_int(cfg.get(key)) and cfg.get(key) >= 0, f"{key} must be an integer >= 0, got {cfg.get(key)!r}")
     for key in ("TRAIN.CHECKPOINT_PERIOD", "TRAIN.LOG_PERIOD"):

@@ -40,9 +40,21 @@ def level_anchor_specs(cfg) -> list[tuple[int, tuple]]:
     return [(cfg.RPN.ANCHOR_STRIDE, tuple(cfg.RPN.ANCHOR_SIZES))]
 
 
+def feature_size(padded: int, stride: int) -> int:
+    """Cells of a level with ``stride`` along a padded side: ``ceil(padded / stride)``.
+
+    The backbone halves a side divisible by 32 exactly down to C5 (stride 32); P6 takes every
+    other P5 cell starting at the first, which rounds up (a 25-cell P5 gives a 13-cell P6). The
+    graph and the input pipeline both count cells with this one function; ``build_graph`` checks
+    it against the feature maps at run time.
+    """
+    return -(-int(padded) // int(stride))
+
+
 def all_anchors(cfg, padded_h: int, padded_w: int) -> list[np.ndarray]:
     """Anchors of every RPN level for a (padded) input of ``padded_h x padded_w``."""
-    return [grid_anchors(stride, sizes, cfg.RPN.ANCHOR_RATIOS, padded_h // stride, padded_w // stride)
+    return [grid_anchors(stride, sizes, cfg.RPN.ANCHOR_RATIOS, feature_size(padded_h, stride),
+                         feature_size(padded_w, stride))
             for stride, sizes in level_anchor_specs(cfg)]
 
 

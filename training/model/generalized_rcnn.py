@@ -14,7 +14,8 @@ from tensorpack.tfutils.summary import add_moving_summary
 from tensorpack.tfutils.tower import get_current_tower_context
 
 from training.compat import tf, tf1
-from training.model import frcnn_head, losses, mask_head as mask_lib
+from training.model import consistency, frcnn_head, losses, mask_head as mask_lib
+from training.model.anchors import level_anchor_specs
 from training.model.backbone import ResNet
 from training.model.fpn import fpn
 from training.model.roi_align import multilevel_roi_align, roi_align
@@ -50,7 +51,7 @@ class MaskRCNN(ModelDesc):
     # -------------------------------------------------------------------------------- inputs
     def inputs(self):
         return [
-            tf.TensorSpec([None, None, None, 3], tf.float32, "images"),        # RGB 0..255, zero-padded
+            tf.TensorSpec([None, None, None, 3], tf.float32, "images"),        # BGR 0..255, zero-padded
             tf.TensorSpec([None, 2], tf.int32, "image_hw"),                     # real size before padding
             tf.TensorSpec([None, None, 4], tf.float32, "gt_boxes"),             # x1y1x2y2, padded per batch
             tf.TensorSpec([None, None], tf.int32, "gt_labels"),                 # 1..C, 0 = padding
@@ -123,11 +124,12 @@ class MaskRCNN(ModelDesc):
                                       num_conv=cfg.MRCNN.NUM_CONV, use_gn=cfg.FPN.MRCNN_HEAD_FUNC.endswith("gn_head"),
                                       gn_groups=cfg.BACKBONE.GN_GROUPS)
         # C4: the res5 features of the same ROIs, upsampled 2x (14x14 masks)
-        if res5 is None:
+        if res5 is None:  # inference: res5 again, on the final boxes, with the box head's weights
             pooled = pool(boxes, box_indices, 2 * cfg.FRCNN.POOLED_SIZE)
             if cfg.BACKBONE.DATA_FORMAT == "NCHW":
                 pooled = tf.transpose(pooled, [0, 3, 1, 2])
-            res5 = self._to_nhwc(self.backbone.stage(pooled, 3))
+            with tf1.variable_scope(tf1.get_variable_scope(), reuse=True):
+                res5 = self._to_nhwc(self.backbone.stage(pooled, 3))
         with tf1.variable_scope("maskrcnn"), argscope([Conv2D, Conv2DTranspose], data_format="channels_last"):
             x = Conv2DTranspose("deconv", res5, cfg.MRCNN.HEAD_DIM, 2, strides=2, activation=tf.nn.relu)
             x = Conv2D("conv", x, self.num_classes, 1, kernel_initializer=tf1.random_normal_initializer(stddev=0.001))
@@ -144,7 +146,11 @@ class MaskRCNN(ModelDesc):
         if not training:
             return self._inference(pool, proposals[0], image_hw[0])
 
-        # ---- RPN losses over all images and levels
+        # ---- RPN losses over all images and levels, once the labels are checked to line up
+        specs = level_anchor_specs(cfg)
+        anchor_labels, anchor_targets = consistency.checked_anchor_targets(
+            anchor_labels, anchor_targets, logits_l, tf.shape(images)[1:3], specs=specs,
+            num_anchors=len(specs[0][1]) * len(cfg.RPN.ANCHOR_RATIOS), fpn=cfg.MODE_FPN)
         rpn_label_loss, rpn_box_loss = losses.rpn_losses(
             tf.reshape(anchor_labels, [-1]), tf.reshape(anchor_targets, [-1, 4]),
             tf.reshape(tf.concat(logits_l, axis=1), [-1]), tf.reshape(tf.concat(deltas_l, axis=1), [-1, 4]))
@@ -159,6 +165,8 @@ class MaskRCNN(ModelDesc):
             r, lab, fg_gt, num_fg = frcnn_head.sample_rois(
                 proposals[i], gtb, gtl, batch_per_im=cfg.FRCNN.BATCH_PER_IM, fg_ratio=cfg.FRCNN.FG_RATIO,
                 fg_thresh=cfg.FRCNN.FG_THRESH)
+            r, lab, fg_gt = consistency.checked_sampled_rois(
+                r, lab, fg_gt, num_fg, batch_per_im=cfg.FRCNN.BATCH_PER_IM, fg_ratio=cfg.FRCNN.FG_RATIO, image=i)
             rois.append(r)
             labels.append(lab)
             roi_img.append(tf.fill([tf.shape(r)[0]], i))
@@ -188,6 +196,8 @@ class MaskRCNN(ModelDesc):
             flat_masks = tf.reshape(gt_masks, [shp[0] * shp[1], shp[2], shp[3]])
             size = mask_logits.shape[-1] or cfg.MRCNN.MASK_SIZE
             targets = mask_lib.mask_targets(flat_masks, fg_mask_index, fg_rois, size=int(size))
+            mask_logits, targets = consistency.checked_mask_targets(mask_logits, targets, fg_labels,
+                                                                    num_classes=self.num_classes)
             mask_loss, mstats = losses.maskrcnn_loss(mask_logits, fg_labels, targets)
             named.update({"maskrcnn_loss/maskrcnn_loss": mask_loss, **mstats})
             total = total + mask_loss

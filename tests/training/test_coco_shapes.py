@@ -1,0 +1,161 @@
+"""The graph at COCO's shapes: 800 px short edge, P2-P6, batch 2, images whose stride-32 cell
+count is odd (COCO's 640x480 -> 800x1067, padded 800x1088: 25 x 34 cells at stride 32).
+
+A narrow backbone keeps these fast; the full default model is trained in test_full_model.py.
+"""
+import numpy as np
+import pytest
+
+from training.config import finalize, new_config
+
+# The default model's image sizes, levels (P2-P6), anchors and samplers; only the widths shrink.
+NARROW = [
+    "DATA.TRAIN=('train2017',)", "DATA.VAL=('val2017',)", "DATA.NUM_WORKERS=1",
+    "BACKBONE.RESNET_NUM_BLOCKS=[1, 1, 1, 1]", "BACKBONE.BLOCK='basic'", "BACKBONE.WIDTH=8",
+    "BACKBONE.NORM='GN'", "BACKBONE.GN_GROUPS=4", "BACKBONE.DATA_FORMAT='NHWC'",
+    "FPN.NUM_CHANNEL=16", "FPN.FRCNN_FC_HEAD_DIM=32", "MRCNN.HEAD_DIM=16", "MRCNN.NUM_CONV=1",
+    "TRAIN.BATCH_SIZE_PER_GPU=2", "TRAIN.IMAGES_PER_EPOCH=8", "TRAIN.LR_EPOCH_SCHEDULE=[(1, None)]",
+    "TRAIN.WARMUP=1", "PREPROC.HORIZONTAL_FLIP=False",
+]
+
+
+@pytest.fixture(scope="module")
+def coco_like(tmp_path_factory):
+    from training.data.coco import load_split
+    from training.data.coco_fixture import CocoFixtureSpec, generate
+    out = tmp_path_factory.mktemp("coco_like")
+    generate(out, CocoFixtureSpec(train=8, val=2, seed=3))
+    return load_split(out, "train2017")
+
+
+def _cfg(split, *extra):
+    cfg = new_config()
+    cfg.update_args(NARROW + list(extra))
+    return finalize(cfg, num_ranks=1, class_names=split.class_names, has_gpu=False)
+
+
+def _odd_cell_batch(split, cfg):
+    """A batch of 2 prepared COCO-size images (640x480 -> 800x1067 and 640x427 -> 800x1199, padded
+    together to 800x1216: 25 x 38 cells at stride 32, an odd count) and the pipeline's targets."""
+    from training.data.pipeline import collate_training_batch, prepare_training_example
+    by_size = {(r["width"], r["height"]): r for r in split.training_roidb()}
+    records = [by_size[(640, 480)], by_size[(640, 427)]]
+    rng = np.random.default_rng(0)
+    return collate_training_batch([prepare_training_example(r, cfg, rng) for r in records], cfg, rng)
+
+
+@pytest.fixture(scope="module")
+def narrow_graph(coco_like):
+    """The training graph of the narrow model, built once: (graph, session, cfg, inputs, cost, train_op)."""
+    from tensorpack.tfutils.tower import TowerContext
+    from training.compat import tf1
+    from training.model.generalized_rcnn import MaskRCNN
+    cfg = _cfg(coco_like)
+    graph = tf1.Graph()
+    with graph.as_default():
+        model = MaskRCNN(cfg)
+        inputs = [tf1.placeholder(s.dtype, s.shape, s.name) for s in model.inputs()]
+        with TowerContext("", is_training=True):
+            cost = model.build_graph(*inputs)
+        train_op = model.optimizer().minimize(cost, global_step=tf1.train.get_or_create_global_step())
+        sess = tf1.Session(graph=graph)
+        sess.run(tf1.global_variables_initializer())
+    yield graph, sess, cfg, inputs, cost, train_op
+    sess.close()
+
+
+def test_coco_sized_batch_has_odd_stride32_cells(coco_like):
+    cfg = _cfg(coco_like)
+    images = _odd_cell_batch(coco_like, cfg)[0]
+    assert images.shape[:3] == (2, 800, 1216)   # 800 / 32 = 25 cells; P6: 12.5 -> 13 in the graph
+
+
+def test_rpn_anchor_labels_line_up_with_the_graph_per_image_and_level(coco_like, narrow_graph):
+    graph, sess, cfg, inputs, cost, train_op = narrow_graph
+    batch = _odd_cell_batch(coco_like, cfg)
+    # the RPN's objectness maps, one per level (P2..P6), as the graph computes them
+    level_logits = sorted((op.outputs[0] for op in graph.get_operations()
+                           if op.name.split("/")[0].startswith("rpn") and op.name.endswith("class/output")),
+                          key=lambda t: t.name)
+    assert len(level_logits) == 5
+    shapes = sess.run([tf_shape for tf_shape in [t for t in level_logits]], dict(zip(inputs, batch)))
+    per_image = sum(int(np.prod(s.shape[1:])) for s in shapes)
+    anchor_labels = batch[6]
+    assert anchor_labels.shape == (2, per_image), "pipeline labels per image != RPN logits per image"
+    _, loss = sess.run([train_op, cost], dict(zip(inputs, batch)))
+    assert np.isfinite(loss)
+
+
+def test_misaligned_anchor_labels_stop_the_step(coco_like, narrow_graph):
+    from training.compat import tf
+    graph, sess, cfg, inputs, cost, train_op = narrow_graph
+    batch = _odd_cell_batch(coco_like, cfg)
+    # what the old pipeline produced: P6 counted with floor (12 x 19 cells instead of 13 x 19)
+    short = 19 * 3
+    batch[6], batch[7] = batch[6][:, :-short], batch[7][:, :-short]
+    with pytest.raises(tf.errors.InvalidArgumentError, match="anchor_labels per image differ from the RPN logits"):
+        sess.run(cost, dict(zip(inputs, batch)))
+
+
+def test_sampled_roi_check_names_the_problem(tf_session):
+    tf, sess = tf_session
+    from training.model.consistency import checked_sampled_rois
+    rois = tf.zeros([6, 4])
+    labels = tf.constant([3, 1, 0, 2, 0, 0])   # a foreground label after a background one
+    out = checked_sampled_rois(rois, labels, tf.constant([0, 1]), tf.constant(2), batch_per_im=8, fg_ratio=0.5, image=1)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="image 1: sampled ROI labels are not foreground first"):
+        sess.run(out)
+    too_many = checked_sampled_rois(tf.zeros([9, 4]), tf.zeros([9], tf.int32), tf.zeros([0], tf.int32),
+                                    tf.constant(0), batch_per_im=8, fg_ratio=0.5, image=0)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="more sampled ROIs than FRCNN.BATCH_PER_IM=8"):
+        sess.run(too_many)
+
+
+def test_mask_target_check_names_the_problem(tf_session):
+    tf, sess = tf_session
+    from training.model.consistency import checked_mask_targets
+    logits = tf.zeros([3, 5, 28, 28])
+    ok = checked_mask_targets(logits, tf.zeros([3, 28, 28]), tf.constant([1, 2, 5]), num_classes=5)
+    assert [o.shape for o in sess.run(ok)] == [(3, 5, 28, 28), (3, 28, 28)]
+    bad = checked_mask_targets(logits, tf.zeros([3, 14, 14]), tf.constant([1, 2, 5]), num_classes=5)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="mask targets are not"):
+        sess.run(bad)
+
+
+def test_mask_targets_crop_the_uint8_masks_without_a_per_roi_copy(tf_session):
+    """No [ROIs, H, W] tensor: crop_and_resize reads the uint8 masks in place (on the CPU)."""
+    tf, sess = tf_session
+    from training.model.mask_head import mask_targets
+    masks = tf.compat.v1.placeholder(tf.uint8, [None, None, None], "gt_masks")
+    out = mask_targets(masks, tf.constant([0, 1, 1]), tf.constant([[0., 0., 8., 8.]] * 3), size=4)
+    crop = [op for op in tf.compat.v1.get_default_graph().get_operations() if op.type == "CropAndResize"]
+    assert len(crop) == 1 and "CPU" in crop[0].device.upper()
+    op, path = crop[0].inputs[0].op, []
+    while op.type != "Placeholder":
+        path.append(op.type)
+        op = op.inputs[0].op
+    assert set(path) <= {"ExpandDims", "Reshape", "Identity"}, path
+    big = np.zeros((2, 800, 1088), np.uint8)
+    big[1, :4, :4] = 1
+    np.testing.assert_array_equal(sess.run(out, {masks: big})[1:, :2, :2], np.ones((2, 2, 2)))
+
+
+def test_c4_inference_graph_builds_on_its_own(tf_session, coco_like):
+    """training.predict builds only the inference graph: the C4 res5 head runs twice (box head on
+    proposals, mask head on detections) and must share its variables without an outer reuse."""
+    tf, sess = tf_session
+    from tensorpack.tfutils.tower import TowerContext
+    from training.model.generalized_rcnn import OUTPUT_NAMES, MaskRCNN
+    cfg = _cfg(coco_like, "MODE_FPN=False", "RPN.ANCHOR_SIZES=(32, 64)", "RPN.HEAD_DIM=16",
+               "PREPROC.TRAIN_SHORT_EDGE_SIZE=[128, 128]", "PREPROC.TEST_SHORT_EDGE_SIZE=128", "PREPROC.MAX_SIZE=200")
+    model = MaskRCNN(cfg)
+    images = tf.compat.v1.placeholder(tf.float32, [None, None, None, 3], "images")
+    image_hw = tf.compat.v1.placeholder(tf.int32, [None, 2], "image_hw")
+    with TowerContext("", is_training=False):
+        model.build_graph(images, image_hw, *[None] * 6)
+    names = [v.op.name for v in tf.compat.v1.global_variables()]
+    assert len(names) == len(set(names)) and "group3/block0/conv1/W" in names
+    sess.run(tf.compat.v1.global_variables_initializer())
+    outputs = [tf.compat.v1.get_default_graph().get_tensor_by_name(f"{n}:0") for n in OUTPUT_NAMES]
+    out = sess.run(outputs, {images: np.zeros((1, 128, 192, 3), np.float32), image_hw: [[128, 180]]})
+    assert out[3].shape[1:] == (14, 14) or len(out[3]) == 0
