@@ -50,10 +50,12 @@ def latest_checkpoint(logdir: str) -> str | None:
         return None
     candidates = [state.model_checkpoint_path] + list(reversed(state.all_model_checkpoint_paths))
     for path in candidates:
-        if path and not os.path.isabs(path):
-            path = os.path.join(logdir, path)
-        if path and os.path.exists(path + ".index") and tf1.train.checkpoint_exists(path):
-            return path
+        # get_checkpoint_state has already prefixed relative entries with logdir (joining again
+        # broke relative log dirs such as runs/r1); an absolute entry written on another machine
+        # (a copied log dir) is looked up by its file name here.
+        for path in (path, os.path.join(logdir, os.path.basename(path))) if path else ():
+            if os.path.exists(path + ".index") and tf1.train.checkpoint_exists(path):
+                return path
     return None
 
 
