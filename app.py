@@ -36,15 +36,21 @@ def read_config(app: cdk.App) -> AppConfig:
 def build(app: cdk.App) -> Stacks:
     """Adds the three stacks to `app`; raises ConfigError on bad context before adding any."""
     config = read_config(app)
+    # Construct ids stay fixed (`cdk deploy EfsClusterStack -c name_prefix=...` selects by them);
+    # the CloudFormation names carry the prefix, and with them every name derived from them.
     shared = NetworkStorageStack(
         app, outputs.NETWORK_STORAGE_STACK, tags=PROJECT_TAGS,
+        stack_name=config.stack_name(outputs.NETWORK_STORAGE_STACK),
         existing_file_system_id=config.existing_file_system_id,
-        efs_throughput_mode=config.efs_throughput_mode)
+        efs_throughput_mode=config.efs_throughput_mode,
+        notification_email=config.notification_email)
     stacks = Stacks(
         shared=shared,
         efs_cluster=EfsClusterStack(app, outputs.EFS_CLUSTER_STACK, tags=PROJECT_TAGS,
+                                    stack_name=config.stack_name(outputs.EFS_CLUSTER_STACK),
                                     shared=shared, config=config),
         sagemaker=SageMakerStack(app, outputs.SAGEMAKER_STACK, tags=PROJECT_TAGS,
+                                 stack_name=config.stack_name(outputs.SAGEMAKER_STACK),
                                  shared=shared, config=config),
     )
     # cdk-nag's AWS Solutions pack runs on every synth: an unacknowledged finding fails it.

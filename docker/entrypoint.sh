@@ -19,8 +19,17 @@ cluster_env() {  # cluster_env KEY DEFAULT: a value from cluster.env, read as da
 }
 
 cluster_node() {
-  local port key_dir=$CLUSTER_DIR/ssh
+  local port address key_dir=$CLUSTER_DIR/ssh
   port=$(cluster_env SSH_PORT 2222)
+  # The node's private address, written by the boot script: with --network host, sshd would
+  # otherwise listen on every interface of the host (docker0, EFA, anything added later). The
+  # master's public address reaches it only through the security group (docs/infra.md).
+  address=$(cluster_env PRIVATE_IP "")
+  if [[ -z "$address" ]]; then
+    echo "cluster-node: no PRIVATE_IP in $CLUSTER_DIR/cluster.env (not a node set up by the" \
+         "cluster's user data): sshd listens on all addresses" >&2
+    address=0.0.0.0
+  fi
   if [[ ! -s "$key_dir/authorized_keys" ]]; then
     echo "cluster-node: $key_dir/authorized_keys is missing: start the container with" \
          "-v /etc/maskrcnn:/etc/maskrcnn:ro on a node set up by the cluster's user data" >&2
@@ -33,7 +42,7 @@ cluster_node() {
   # container's PATH, library path and training settings.
   env | grep -E '^(PATH|LD_LIBRARY_PATH|PYTHONPATH|TF_[A-Z_]+|NCCL_[A-Z_]+|CUDA_[A-Z_]+|NVIDIA_[A-Z_]+|AWS_REGION|AWS_DEFAULT_REGION)=' \
     > /etc/environment || true
-  exec /usr/sbin/sshd -D -e -p "$port" \
+  exec /usr/sbin/sshd -D -e -o ListenAddress="$address:$port" \
     -o AuthorizedKeysFile="$key_dir/authorized_keys" \
     -o PasswordAuthentication=no -o KbdInteractiveAuthentication=no \
     -o PermitRootLogin=prohibit-password -o AllowTcpForwarding=no -o X11Forwarding=no

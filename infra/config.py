@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass, fields
 from typing import Any, Callable, Mapping
 
-from infra.instance_types import EFA_INSTANCE_TYPES, INSTANCE_TYPES
+from infra.instance_types import AMI_FAMILIES, EFA_INSTANCE_TYPES, INSTANCE_TYPES, ami_family
 
 
 class ConfigError(ValueError):
@@ -25,7 +25,13 @@ _FILE_SYSTEM_ID = re.compile(r"^fs-(?:[0-9a-f]{8}|[0-9a-f]{17})$")
 _KEY_PAIR_NAME = re.compile(r"^[\x20-\x7e]{1,255}$")
 _NOTEBOOK_INSTANCE_TYPE = re.compile(r"^ml\.[a-z0-9]+\.[a-z0-9]+$")
 _SSM_PARAMETER = re.compile(r"^/aws/service/[A-Za-z0-9_./-]+$")
-OPTIONAL_KEYS = ("ssh_cidr", "key_pair_name", "existing_file_system_id")
+_AMI_ID = re.compile(r"^ami-(?:[0-9a-f]{8}|[0-9a-f]{17})$")
+_EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
+# Prefixed to the stack names, hence to the group, secret and export names derived from them.
+# Short enough that "<prefix>-EfsClusterStack-cluster-key" stays a readable name.
+_NAME_PREFIX = re.compile(r"^[A-Za-z](?:[A-Za-z0-9-]{0,22}[A-Za-z0-9])?$")
+OPTIONAL_KEYS = ("ssh_cidr", "key_pair_name", "existing_file_system_id", "notification_email",
+                 "ami_id", "name_prefix")
 # Context keys this app owns look like Python identifiers; CDK's own keys contain ':', '@' or '-'.
 _OWN_KEY = re.compile(r"^[a-z][a-z0-9_]*$")
 
@@ -50,6 +56,14 @@ class AppConfig:
     notebook_instance_type: str
     notebook_volume_size_gib: int
     dlami_ssm_parameter: str
+    notification_email: str | None = None
+    ami_id: str | None = None
+    name_prefix: str | None = None
+
+    def stack_name(self, base: str) -> str:
+        """A stack's CloudFormation name: `base`, or `<name_prefix>-<base>` (several clusters
+        per account and region)."""
+        return f"{self.name_prefix}-{base}" if self.name_prefix else base
 
     @property
     def gpus_per_node(self) -> int:
@@ -84,6 +98,18 @@ class AppConfig:
             raise ConfigError(
                 f"context key 'efa' is true but instance_type {self.instance_type!r} has no EFA "
                 f"support; use one of {', '.join(EFA_INSTANCE_TYPES)} or set efa=false")
+        family = ami_family(self.dlami_ssm_parameter)
+        if family is None:
+            raise ConfigError(
+                f"context key 'dlami_ssm_parameter' is {self.dlami_ssm_parameter!r}, not a known "
+                f"AMI family; known: {'; '.join(f.ssm_parameter.pattern for f in AMI_FAMILIES)} "
+                "(infra/instance_types.py lists the instance types each family's driver supports)")
+        if not family.supports(self.instance_type):
+            raise ConfigError(
+                f"context key 'instance_type' is {self.instance_type!r}, which the AMI of "
+                f"dlami_ssm_parameter ({family.description}) does not support: its NVIDIA driver "
+                f"does not drive {self.instance_type.split('.')[0]} GPUs; use one of "
+                f"{', '.join(family.supported_types())}")
         if self.ssh_cidr and not self.key_pair_name:
             raise ConfigError(
                 "context key 'key_pair_name' is required when ssh_cidr is set: name an existing "
@@ -183,5 +209,13 @@ _PARSERS: dict[str, Callable[[str, Any], Any]] = {
     "notebook_volume_size_gib": _int_in(NOTEBOOK_VOLUME_GIB),
     "dlami_ssm_parameter": _matching(
         _SSM_PARAMETER, "a public SSM parameter path under /aws/service/ holding an AMI id", False),
+    "notification_email": _matching(
+        _EMAIL, "an email address for the alerts topic, or unset for no subscription", True),
+    "ami_id": _matching(
+        _AMI_ID, "an AMI id (ami- and 17 or 8 lowercase hex characters) of the family "
+        "dlami_ssm_parameter names, or unset to use the parameter's latest AMI", True),
+    "name_prefix": _matching(
+        _NAME_PREFIX, "up to 24 letters, digits and hyphens, starting with a letter and not "
+        "ending with a hyphen (e.g. team-a), or unset for the plain stack names", True),
 }
 assert tuple(_PARSERS) == AppConfig.keys(), "every AppConfig field needs a parser, in order"

@@ -27,3 +27,5 @@ NETWORK_STORAGE_STACK = "NetworkStorageStack"
 
 # EfsClusterStack: the master's Elastic IP (public) address.
 MASTER_ADDRESS = "MasterAddress"
+# EfsClusterStack: the AMI id the nodes run (the SSM parameter's value at deploy, or the pinned id).
+CLUSTER_AMI_ID = "ClusterAmiId"

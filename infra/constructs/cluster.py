@@ -14,9 +14,11 @@ from aws_cdk import aws_autoscaling as autoscaling
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_secretsmanager as secretsmanager
+from aws_cdk import aws_sns as sns
 from constructs import Construct
 
 from infra.constructs.acknowledge import acknowledge
+from infra.constructs.network import allow_all_traffic_within
 from infra.userdata import CLUSTER_NODE_SCRIPT, script_body
 
 EFS_MOUNT = "/efs"
@@ -40,13 +42,15 @@ class GpuCluster(Construct):
     group, the cluster key's secret and the master's Elastic IP.
 
     Grants to shared resources (EFS, bucket, image) are wired by the stack, on `self.roles` and
-    `self.security_group`.
+    `self.security_group`. Launch and terminate failures of either group go to
+    `notification_topic`.
     """
 
     def __init__(self, scope: Construct, id: str, *, vpc: ec2.IVpc,
                  master_subnet: ec2.ISubnet, worker_subnet: ec2.ISubnet,
                  machine_image: ec2.IMachineImage, node: NodeSpec, worker_count: int,
                  file_system_id: str, bucket_name: str, training_image_uri: str,
+                 notification_topic: sns.ITopic,
                  ssh_cidr: str | None = None, key_pair_name: str | None = None) -> None:
         super().__init__(scope, id)
         stack = Stack.of(self)
@@ -56,11 +60,10 @@ class GpuCluster(Construct):
         self.worker_group_name = f"{stack.stack_name}-worker"
 
         self.security_group = ec2.SecurityGroup(
-            self, "NodeSecurityGroup", vpc=vpc, allow_all_outbound=True,
+            self, "NodeSecurityGroup", vpc=vpc,
+            allow_all_outbound=True,   # AWS APIs, ECR, S3; the group itself: see below
             description="Cluster nodes: all traffic between nodes (MPI, NCCL, SSH on 2222)")
-        self.security_group.add_ingress_rule(
-            self.security_group, ec2.Port.all_traffic(),
-            "All traffic between cluster nodes (MPI, NCCL, EFA, SSH)")
+        allow_all_traffic_within(self.security_group, "cluster nodes (MPI, NCCL, EFA, SSH)")
         master_groups = [self.security_group]
         if ssh_cidr:
             ssh_group = ec2.SecurityGroup(
@@ -103,6 +106,9 @@ class GpuCluster(Construct):
         self.master_role.add_to_policy(iam.PolicyStatement(
             sid="PublishClusterKey", actions=["secretsmanager:PutSecretValue"],
             resources=[cluster_key_arn]))
+        for role, group_name in ((self.master_role, self.master_group_name),
+                                 (self.worker_role, self.worker_group_name)):
+            self._allow_reporting_unhealthy(role, group_name)
         self._allow_address_association(self.master_role)
 
         common_env = {
@@ -121,6 +127,7 @@ class GpuCluster(Construct):
         key_pair = (ec2.KeyPair.from_key_pair_name(self, "KeyPair", key_pair_name)
                     if key_pair_name else None)
 
+        self.notification_topic = notification_topic
         self.master_group = self._node_group(
             "Master", vpc=vpc, role=self.master_role, groups=master_groups, subnet=master_subnet,
             size=1, public=True, node=node, machine_image=machine_image, key_pair=key_pair,
@@ -173,22 +180,40 @@ class GpuCluster(Construct):
             "(docker login). Image pull itself is scoped to the assets repository.")
         return role
 
+    def _allow_reporting_unhealthy(self, role: iam.Role, group_name: str) -> None:
+        """A node whose boot fails marks itself unhealthy, so its group replaces it."""
+        role.add_to_policy(iam.PolicyStatement(
+            sid="ReportOwnBootFailure", actions=["autoscaling:SetInstanceHealth"],
+            # The group's ARN holds a UUID assigned at creation; its name is fixed.
+            resources=[Stack.of(self).format_arn(
+                service="autoscaling", resource="autoScalingGroup",
+                resource_name=f"*:autoScalingGroupName/{group_name}",
+                arn_format=ArnFormat.COLON_RESOURCE_NAME)]))
+        acknowledge(
+            role, f"AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:autoscaling:<AWS::Region>:"
+                  f"<AWS::AccountId>:autoScalingGroup:*:autoScalingGroupName/{group_name}]",
+            "Only the node's own auto-scaling group, by name: the UUID in a group's ARN is "
+            "assigned when the group is created.")
+
     def _allow_address_association(self, role: iam.Role) -> None:
         stack = Stack.of(self)
         role.add_to_policy(iam.PolicyStatement(
             sid="AttachMasterAddress", actions=["ec2:AssociateAddress"],
-            resources=[
-                stack.format_arn(service="ec2", resource="elastic-ip",
-                                 resource_name=self.master_address.attr_allocation_id),
-                # The instance id is assigned by the auto-scaling group at launch.
-                stack.format_arn(service="ec2", resource="instance", resource_name="*"),
-            ]))
+            resources=[stack.format_arn(service="ec2", resource="elastic-ip",
+                                        resource_name=self.master_address.attr_allocation_id)]))
+        # The instance id is assigned by the auto-scaling group at launch; the group tags its
+        # instances with its name, so only a master-group instance can receive the address.
+        role.add_to_policy(iam.PolicyStatement(
+            sid="AttachMasterAddressToMasterOnly", actions=["ec2:AssociateAddress"],
+            resources=[stack.format_arn(service="ec2", resource="instance", resource_name="*")],
+            conditions={"StringEquals": {
+                "aws:ResourceTag/aws:autoscaling:groupName": self.master_group_name}}))
         acknowledge(
             role, "AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:ec2:<AWS::Region>:"
                   "<AWS::AccountId>:instance/*]",
             "The master attaches its Elastic IP to itself; its instance id is assigned by the "
-            "auto-scaling group at launch, so the statement names this stack's one Elastic IP "
-            "allocation and any instance.")
+            "auto-scaling group at launch, so the statement allows instances by the "
+            "aws:autoscaling:groupName tag of the master group only.")
 
     # --- groups ------------------------------------------------------------------------------
 
@@ -236,12 +261,17 @@ class GpuCluster(Construct):
             auto_scaling_group_name=group_name,
             # `cdk deploy` completes only when every node's boot script has succeeded.
             signals=autoscaling.Signals.wait_for_all(timeout=BOOT_TIMEOUT) if size else None,
+            # A replacement node that fails its boot marks itself unhealthy; the group then
+            # terminates and relaunches it. Errors in doing so reach the user by SNS.
+            notifications=[autoscaling.NotificationConfiguration(
+                topic=self.notification_topic, scaling_events=autoscaling.ScalingEvents.ERRORS)],
         )
         Tags.of(group).add("Name", group_name)
         acknowledge(
             group, "AwsSolutions-AS3",
-            "The group has a fixed size (min = max); launches and failures show in its "
-            "activity history and, at creation, fail the stack through the boot signal.")
+            "Launch and terminate errors are notified (the SNS topic); successful launches "
+            "and terminations of a fixed-size group are the user's own deploys and destroys, "
+            "visible in the group's activity history.")
 
         # The logical id is known only once the group exists; the user data is rendered at synth.
         env = {**env, "ASG_LOGICAL_ID": Stack.of(self).get_logical_id(group.node.default_child)}

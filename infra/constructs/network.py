@@ -48,3 +48,20 @@ class Network(Construct):
     @property
     def public_subnets(self) -> list[ec2.ISubnet]:
         return self.vpc.public_subnets
+
+
+def allow_all_traffic_within(group: ec2.SecurityGroup, members: str) -> None:
+    """All traffic among the members of `group`, in both directions.
+
+    EFA traffic is not IP traffic: AWS requires a rule admitting all traffic from the group itself
+    inbound *and* a rule to the group itself outbound (an outbound 0.0.0.0/0 rule does not cover
+    it), for EC2 EFA instances and for SageMaker jobs on EFA instance types alike. `group` keeps
+    allow_all_outbound=True for AWS APIs; on such a group CDK silently ignores add_egress_rule,
+    and it refuses an all-traffic 0.0.0.0/0 egress rule on one without, so the rule to itself is
+    declared as its own resource.
+    """
+    group.add_ingress_rule(group, ec2.Port.all_traffic(), f"All traffic from {members}")
+    ec2.CfnSecurityGroupEgress(
+        group, "EgressToItself", group_id=group.security_group_id, ip_protocol="-1",
+        destination_security_group_id=group.security_group_id,
+        description=f"All traffic to {members}")

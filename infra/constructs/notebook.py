@@ -13,6 +13,13 @@ from infra.constructs.acknowledge import acknowledge
 from infra.constructs.training_job import TRAINING_LOG_GROUP
 from infra.userdata import NOTEBOOK_ON_START_SCRIPT, script_body
 
+# Amazon Linux 2023 (JupyterLab 4). SageMaker stopped creating and restarting Amazon Linux 2
+# notebooks (notebook-al2-*) on 2026-07-01. The lifecycle script relies only on what AL2023 keeps:
+# the ec2-user account, /home/ec2-user, and the NFS client (mount -t nfs4).
+NOTEBOOK_PLATFORM = "notebook-al2023-v1"
+_IMDS_V2_ONLY = sagemaker.CfnNotebookInstance.InstanceMetadataServiceConfigurationProperty(
+    minimum_instance_metadata_service_version="2")
+
 
 class Notebook(Construct):
     """A notebook instance whose role may run training jobs with `training_role` and nothing
@@ -96,7 +103,9 @@ class Notebook(Construct):
             volume_size_in_gb=volume_size_gib,
             lifecycle_config_name=(
                 self.lifecycle_config.attr_notebook_instance_lifecycle_config_name),
-            platform_identifier="notebook-al2-v3",
+            platform_identifier=NOTEBOOK_PLATFORM,
+            # The notebook's credentials come from its metadata service: no IMDSv1 requests.
+            instance_metadata_service_configuration=_IMDS_V2_ONLY,
         )
         self.notebook_name: str = self.instance.attr_notebook_instance_name
 

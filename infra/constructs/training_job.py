@@ -7,6 +7,7 @@ from aws_cdk import aws_iam as iam
 from constructs import Construct
 
 from infra.constructs.acknowledge import acknowledge
+from infra.constructs.network import allow_all_traffic_within
 
 TRAINING_LOG_GROUP = "/aws/sagemaker/TrainingJobs"
 TRAINING_METRICS_NAMESPACE = "/aws/sagemaker/TrainingJobs"
@@ -22,11 +23,11 @@ class TrainingJobAccess(Construct):
         super().__init__(scope, id)
         stack = Stack.of(self)
         self.security_group = ec2.SecurityGroup(
-            self, "SecurityGroup", vpc=vpc, allow_all_outbound=True,
+            self, "SecurityGroup", vpc=vpc,
+            allow_all_outbound=True,   # AWS APIs, ECR, S3; the group itself: see below
             description="SageMaker training jobs: all traffic among the instances of a job")
-        self.security_group.add_ingress_rule(
-            self.security_group, ec2.Port.all_traffic(),
-            "All traffic among the instances of a training job (MPI, NCCL)")
+        allow_all_traffic_within(self.security_group,
+                                 "the instances of a training job (MPI, NCCL, EFA)")
 
         self.role = iam.Role(
             self, "Role", description="Execution role of the Mask R-CNN SageMaker training jobs",

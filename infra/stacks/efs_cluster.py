@@ -3,13 +3,13 @@ EFS, running the training image; one command on the master starts training (laun
 from __future__ import annotations
 
 from aws_cdk import Aws, CfnOutput, Fn, Stack
-from aws_cdk import aws_ec2 as ec2
 from constructs import Construct
 
 from infra import outputs
 from infra.config import AppConfig
 from infra.constructs.cluster import LOGIN_USER, GpuCluster, NodeSpec
 from infra.constructs.file_system import allow_nfs_from
+from infra.constructs.machine_image import cluster_machine_image
 from infra.constructs.training_image import TrainingImage
 from infra.stacks.common_outputs import add_shared_outputs
 from infra.stacks.network_storage import NetworkStorageStack
@@ -22,20 +22,22 @@ class EfsClusterStack(Stack):
                          "(Deep Learning AMI, EFS at /efs, training image)", **kwargs)
         vpc = shared.network.vpc
         image = TrainingImage(self, "TrainingImage")
+        machine_image = cluster_machine_image(ssm_parameter=config.dlami_ssm_parameter,
+                                              ami_id=config.ami_id)
         self.cluster = GpuCluster(
             self, "Cluster",
             vpc=vpc,
             # Same zone for both groups: a cluster placement group lives in one zone.
             master_subnet=shared.network.public_subnets[0],
             worker_subnet=shared.network.private_subnets[0],
-            machine_image=ec2.MachineImage.from_ssm_parameter(
-                config.dlami_ssm_parameter, os=ec2.OperatingSystemType.LINUX),
+            machine_image=machine_image,
             node=NodeSpec(instance_type=config.instance_type,
                           ebs_volume_size_gib=config.ebs_volume_size_gib, efa=config.efa),
             worker_count=config.worker_count,
             file_system_id=shared.file_system.file_system_id,
             bucket_name=shared.data_bucket.bucket.bucket_name,
             training_image_uri=image.image_uri,
+            notification_topic=shared.notifications.topic,
             ssh_cidr=config.ssh_cidr,
             key_pair_name=config.key_pair_name,
         )
@@ -61,6 +63,9 @@ class EfsClusterStack(Stack):
                 "'AutoScalingGroups[0].Instances[0].InstanceId' --output text)"])
         CfnOutput(self, outputs.CONNECT_COMMAND, value=connect,
                   description="Opens a shell on the master")
+        CfnOutput(self, outputs.CLUSTER_AMI_ID, value=machine_image.get_image(self).image_id,
+                  description="AMI of the cluster nodes; pin it with -c ami_id=... so that "
+                              "replacement nodes run the same drivers (docs/infra.md)")
         CfnOutput(self, outputs.MASTER_ASG_NAME, value=self.cluster.master_group_name)
         CfnOutput(self, outputs.WORKER_ASG_NAME, value=self.cluster.worker_group_name)
         add_shared_outputs(self, shared=shared, image=image)

@@ -13,13 +13,16 @@ from infra import outputs
 from infra.constructs.bucket import DataBucket, LogBucket
 from infra.constructs.file_system import SharedFileSystem
 from infra.constructs.network import Network
+from infra.constructs.notifications import Notifications
 
 
 class NetworkStorageStack(Stack):
     def __init__(self, scope: Construct, id: str, *, existing_file_system_id: str | None,
-                 efs_throughput_mode: str, **kwargs) -> None:
+                 efs_throughput_mode: str, notification_email: str | None = None,
+                 **kwargs) -> None:
         super().__init__(scope, id, description="Mask R-CNN training: shared VPC, EFS and S3 "
                          "(stateful resources are retained on delete)", **kwargs)
+        self.notifications = Notifications(self, "Notifications", email=notification_email)
         self.log_bucket = LogBucket(self, "LogBucket")
         self.network = Network(self, "Network", flow_log_bucket=self.log_bucket.bucket)
         self.file_system = SharedFileSystem(

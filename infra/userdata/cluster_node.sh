@@ -8,7 +8,8 @@
 #   /etc/maskrcnn/ssh/                  id_ed25519, id_ed25519.pub, authorized_keys (cluster key)
 #   /etc/maskrcnn/hostfile              "IP slots=GPUS" for the InService nodes, master first
 #   container "maskrcnn"                $TRAINING_IMAGE_URI running `cluster-node` (sshd on
-#                                       $SSH_PORT), restarted by Docker after a reboot
+#                                       $PRIVATE_IP:$SSH_PORT), restarted by Docker after a
+#                                       reboot, once /efs is mounted again
 #   /usr/local/bin/maskrcnn-train       the one command that starts training (on the master)
 set -Eeuo pipefail
 exec > >(tee -a /var/log/maskrcnn-boot.log) 2>&1
@@ -51,12 +52,39 @@ signal() {  # report this node's boot result to the auto-scaling group's creatio
     --logical-resource-id "$ASG_LOGICAL_ID" --unique-id "$INSTANCE_ID" --status "$1" || true
 }
 
+boot_failed() {
+  log "boot failed at line $1"
+  # At stack creation the FAILURE signal fails the deploy. After it (a replacement or scale-out
+  # node), CloudFormation ignores signals: marking the instance unhealthy makes its group
+  # terminate and replace it, instead of keeping a broken node InService.
+  signal FAILURE
+  aws autoscaling set-instance-health --instance-id "$INSTANCE_ID" --health-status Unhealthy \
+    --no-should-respect-grace-period || true
+}
+
 INSTANCE_ID=$(retry 10 3 imds instance-id)
 PRIVATE_IP=$(retry 10 3 imds local-ipv4)
-trap 'log "boot failed at line $LINENO"; signal FAILURE' ERR
+INSTANCE_TYPE=$(retry 10 3 imds instance-type)
+trap 'boot_failed $LINENO' ERR
 
 gpu_count() {
   nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true
+}
+
+gpus_of_instance_type() {
+  # shellcheck disable=SC2016  # the backticks are JMESPath literals, not command substitution
+  aws ec2 describe-instance-types --instance-types "$INSTANCE_TYPE" \
+    --query 'sum(InstanceTypes[0].GpuInfo.Gpus[].Count || `[]`)' --output text
+}
+
+check_gpus() {  # an AMI whose driver cannot drive this GPU boots fine and counts 0 GPUs
+  local expected
+  expected=$(retry 5 5 gpus_of_instance_type)
+  if (( GPUS < expected )); then
+    log "nvidia-smi sees $GPUS of the $expected GPUs of $INSTANCE_TYPE: the AMI's NVIDIA driver" \
+        "does not drive them (choose an instance type the AMI supports, see docs/infra.md)"
+    return 1
+  fi
 }
 
 mount_efs() {
@@ -77,6 +105,16 @@ mount_efs() {
   # them.
   # A hard NFS mount can hang while a target is unreachable: bound each attempt.
   mountpoint -q "$EFS_MOUNT" || retry 60 10 timeout 60 mount "$EFS_MOUNT"
+}
+
+order_docker_after_efs() {
+  # After a reboot Docker can start, and restart the container, before the NFS mount is back:
+  # the container then sees the empty directory under /efs. Docker waits for the mount (and, if
+  # the mount fails, does not start: the health check then reports the node).
+  mkdir -p /etc/systemd/system/docker.service.d
+  printf '[Unit]\nRequiresMountsFor=%s\n' "$EFS_MOUNT" \
+    > /etc/systemd/system/docker.service.d/maskrcnn-efs.conf
+  systemctl daemon-reload
 }
 
 register_node() {
@@ -153,7 +191,7 @@ start_container() {
   docker rm -f maskrcnn >/dev/null 2>&1 || true
   docker run -d --name maskrcnn --restart unless-stopped "${extra[@]}" \
     --network host --ipc host \
-    -v "$EFS_MOUNT:$EFS_MOUNT" -v /etc/maskrcnn:/etc/maskrcnn:ro \
+    -v "$EFS_MOUNT:$EFS_MOUNT:rslave" -v /etc/maskrcnn:/etc/maskrcnn:ro \
     "$TRAINING_IMAGE_URI" cluster-node
 }
 
@@ -204,10 +242,14 @@ write_hostfile() {  # write_hostfile WAIT_SECONDS: wait up to that long for ever
   log "hostfile: $have of $expected nodes"
 }
 
-log "node $INSTANCE_ID ($ROLE) at $PRIVATE_IP"
+log "node $INSTANCE_ID ($ROLE, $INSTANCE_TYPE) at $PRIVATE_IP"
 GPUS=$(gpu_count)
+check_gpus
 SLOTS=$(( GPUS > 0 ? GPUS : 1 ))  # a CPU-only node runs one process
+# The container's sshd listens on this address only (never on the master's public address).
+echo "PRIVATE_IP=$PRIVATE_IP" >> /etc/maskrcnn/cluster.env
 mount_efs
+order_docker_after_efs
 register_node
 if [[ "$ROLE" == master ]]; then
   attach_master_address

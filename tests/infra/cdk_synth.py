@@ -15,7 +15,8 @@ import boto3
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 # A configuration that exercises every optional path: SSH from a CIDR with a key pair, EFA on a
-# p4d, an existing file system, bursting throughput, several workers.
+# p4d, an existing file system, bursting throughput, several workers, a pinned AMI, an alerts
+# email and a name prefix (a second deployment in the same account and region).
 VARIANT_CONTEXT = {
     "instance_type": "p4d.24xlarge",
     "efa": "true",              # as `-c efa=true` passes it: a string
@@ -25,6 +26,9 @@ VARIANT_CONTEXT = {
     "key_pair_name": "research-key",
     "existing_file_system_id": "fs-0123456789abcdef0",
     "efs_throughput_mode": "bursting",
+    "ami_id": "ami-0123456789abcdef0",
+    "notification_email": "ml-team@example.com",
+    "name_prefix": "team-a",
 }
 
 
@@ -49,7 +53,8 @@ def load_app_module() -> ModuleType:
 class Synthesized:
     context: dict[str, Any]
     outdir: Path
-    templates: dict[str, dict]      # stack name -> CloudFormation template
+    templates: dict[str, dict]      # stack id (as `cdk deploy` takes it) -> template
+    stack_names: dict[str, str]     # stack id -> CloudFormation stack name (with name_prefix)
     stacks: Any                     # app.Stacks
 
     def template(self, stack_name: str):
@@ -69,8 +74,10 @@ def synthesize(tmp_dir: Path, overrides: dict[str, Any] | None = None) -> Synthe
     app = cdk.App(context=context, outdir=str(tmp_dir))
     stacks = load_app_module().build(app)
     assembly = app.synth()   # raises if cdk-nag reports an unacknowledged finding
-    templates = {stack.stack_name: stack.template for stack in assembly.stacks}
-    return Synthesized(context=context, outdir=tmp_dir, templates=templates, stacks=stacks)
+    templates = {stack.id: stack.template for stack in assembly.stacks}
+    stack_names = {stack.id: stack.stack_name for stack in assembly.stacks}
+    return Synthesized(context=context, outdir=tmp_dir, templates=templates,
+                       stack_names=stack_names, stacks=stacks)
 
 
 # --- CloudFormation in moto ------------------------------------------------------------------
@@ -95,9 +102,11 @@ def deploy_to_moto(cloudformation, name: str, template: dict) -> dict:
     return stack
 
 
-def prepare_moto_account() -> None:
-    """What a bootstrapped account has: the CDK bootstrap version, and an AMI parameter."""
+def prepare_moto_account() -> str:
+    """What a bootstrapped account has: the CDK bootstrap version, and an AMI parameter.
+    Returns the id of the AMI the parameter holds (an image moto knows)."""
     ssm = boto3.client("ssm")
     ssm.put_parameter(Name=BOOTSTRAP_VERSION_PARAMETER, Value="30", Type="String")
     image_id = boto3.client("ec2").describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
     ssm.put_parameter(Name=AMI_PARAMETER_STAND_IN, Value=image_id, Type="String")
+    return image_id

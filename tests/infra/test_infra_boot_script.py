@@ -2,8 +2,9 @@
 (moto) rendered them into the launch templates, executed side by side with the real AWS CLI
 against moto, real ssh-keygen and curl against a local IMDSv2 endpoint.
 
-Only what cannot exist here is stood in for: docker, nvidia-smi (2 GPUs), mount/mountpoint (EFS
-becomes a local directory) and apt-get. Each node runs in a private mount namespace whose /etc,
+Only what cannot exist here is stood in for: docker, nvidia-smi (as many GPUs as the instance
+type has, or fewer: an AMI whose driver cannot drive them), mount/mountpoint (EFS becomes a local
+directory), systemctl and apt-get. Each node runs in a private mount namespace whose /etc,
 /usr/local/bin and /var/log are copies, so nothing on this machine is touched.
 """
 from __future__ import annotations
@@ -25,14 +26,16 @@ from infra import outputs
 from cdk_synth import deploy_to_moto, prepare_moto_account
 
 CLUSTER = outputs.EFS_CLUSTER_STACK
+GPUS_OF_TYPE = 8
 KEY_HEADER = "-----BEGIN OPENSSH PRIVATE KEY-----"
 STUBS = {
-    "nvidia-smi": 'printf "GPU 0: NVIDIA A10G (UUID: GPU-a)\\nGPU 1: NVIDIA A10G (UUID: GPU-b)\\n"',
+    "nvidia-smi": 'for ((i = 0; i < NODE_GPUS; i++)); do echo "GPU $i: NVIDIA A10G (UUID: GPU-$i)"; done',
     "docker": 'echo "docker $*" >> "$NODE_CALLS"; [ "$1" != login ] || cat > "$NODE_CALLS.password"',
     "mount": 'echo "mount $*" >> "$NODE_CALLS"; touch "$NODE_CALLS.mounted"',
     "mountpoint": '[ -e "$NODE_CALLS.mounted" ]',
     "apt-get": 'echo "apt-get $*" >> "$NODE_CALLS"',
     "mount.nfs4": "exit 0",
+    "systemctl": 'echo "systemctl $*" >> "$NODE_CALLS"',
 }
 
 
@@ -76,9 +79,10 @@ class _Imds(http.server.BaseHTTPRequestHandler):
         pass
 
 
-def _imds(instance_id: str, private_ip: str) -> str:
+def _imds(instance_id: str, private_ip: str, instance_type: str) -> str:
     handler = type("Imds", (_Imds,), {"metadata": {"instance-id": instance_id,
-                                                   "local-ipv4": private_ip}})
+                                                   "local-ipv4": private_ip,
+                                                   "instance-type": instance_type}})
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return f"http://127.0.0.1:{server.server_address[1]}"
@@ -104,7 +108,8 @@ def _instance(group_name: str) -> tuple[str, str]:
     return instance_id, reservation["Instances"][0]["PrivateIpAddress"]
 
 
-def _start_node(root: Path, user_data: str, imds: str, stubs: Path) -> subprocess.Popen:
+def _start_node(root: Path, user_data: str, imds: str, stubs: Path,
+                gpus: int) -> subprocess.Popen:
     (root / "log").mkdir(parents=True)
     (root / "bin").mkdir()
     (root / "etc").mkdir()
@@ -118,7 +123,8 @@ def _start_node(root: Path, user_data: str, imds: str, stubs: Path) -> subproces
              f" && /usr/bin/mount --bind {root / 'log'} /var/log"
              f" && test -e /etc/MASKRCNN_SANDBOX && exec bash {root / 'user-data'}")
     env = {**os.environ, "PATH": f"{stubs}:{os.environ['PATH']}",
-           "NODE_CALLS": str(root / "calls.log"), "AWS_EC2_METADATA_SERVICE_ENDPOINT": imds}
+           "NODE_CALLS": str(root / "calls.log"), "AWS_EC2_METADATA_SERVICE_ENDPOINT": imds,
+           "NODE_GPUS": str(gpus)}
     return subprocess.Popen(["unshare", "--mount", "--propagation", "private", "bash", "-c", setup],
                             env=env, stdout=(root / "console.log").open("w"),
                             stderr=subprocess.STDOUT)
@@ -131,6 +137,8 @@ def test_master_and_worker_boot_into_the_node_contract(aws_env, default_synth, t
         stack = deploy_to_moto(cloudformation, name, default_synth.templates[name])
         assert stack["StackStatus"] == "CREATE_COMPLETE"
     stack_outputs = {o["OutputKey"]: o["OutputValue"] for o in stack["Outputs"]}
+    instance_type = default_synth.context["instance_type"]
+    assert instance_type == "g5.48xlarge"   # GPUS_OF_TYPE: what DescribeInstanceTypes says
 
     # moto's CloudFormation has no AWS::SecretsManager::Secret: create the one the stack names,
     # holding a placeholder as CloudFormation's generated value would.
@@ -153,10 +161,11 @@ def test_master_and_worker_boot_into_the_node_contract(aws_env, default_synth, t
                                        f"CLUSTER_KEY_SECRET_ARN={secret_arn}\n")
                      .replace("\nEFS_MOUNT=/efs\n", f"\nEFS_MOUNT={efs}\n"))
         instance_id, ip = _instance(group)
-        nodes[role] = {"id": instance_id, "ip": ip, "root": tmp_path / role}
+        nodes[role] = {"id": instance_id, "ip": ip, "root": tmp_path / role,
+                       "user_data": user_data, "imds": _imds(instance_id, ip, instance_type)}
         # The worker starts first: it must wait for the master to publish the cluster key.
-        nodes[role]["process"] = _start_node(tmp_path / role, user_data, _imds(instance_id, ip),
-                                             stubs)
+        nodes[role]["process"] = _start_node(tmp_path / role, user_data, nodes[role]["imds"],
+                                             stubs, gpus=GPUS_OF_TYPE)
     for role, node in nodes.items():
         returncode = node["process"].wait(timeout=240)
         console = (node["root"] / "console.log").read_text()
@@ -168,11 +177,18 @@ def test_master_and_worker_boot_into_the_node_contract(aws_env, default_synth, t
         env = dict(line.split("=", 1) for line in (etc / "cluster.env").read_text().splitlines())
         assert env["FILE_SYSTEM_ID"] == stack_outputs[outputs.FILE_SYSTEM_ID]
         assert env["BUCKET_NAME"] == stack_outputs[outputs.BUCKET_NAME]
+        # The container's sshd listens on the private address only.
+        assert env["PRIVATE_IP"] == node["ip"]
         # Master first, then workers; GPU counts from nvidia-smi -L.
-        assert (etc / "hostfile").read_text() == (f"{master['ip']} slots=2\n"
-                                                  f"{worker['ip']} slots=2\n")
+        assert (etc / "hostfile").read_text() == (f"{master['ip']} slots=8\n"
+                                                  f"{worker['ip']} slots=8\n")
         assert (efs / ".maskrcnn" / CLUSTER / "nodes" / node["ip"]).read_text() == \
-            f"{node['ip']} slots=2\n"
+            f"{node['ip']} slots=8\n"
+        # After a reboot Docker starts only once EFS is mounted again (systemd orders it after
+        # the mount unit of the fstab line), and the bind mount follows later mounts.
+        drop_in = node["root"] / "etc" / "systemd" / "system" / "docker.service.d"
+        assert (drop_in / "maskrcnn-efs.conf").read_text() == (
+            f"[Unit]\nRequiresMountsFor={efs}\n")
         fstab = (node["root"] / "etc" / "fstab").read_text()
         assert (f"{env['FILE_SYSTEM_ID']}.efs.us-east-1.amazonaws.com:/ {efs} nfs4 nfsvers=4.1,"
                 "rsize=1048576,wsize=1048576,hard,timeo=600,retrans=2,noresvport,_netdev 0 0"
@@ -188,12 +204,15 @@ def test_master_and_worker_boot_into_the_node_contract(aws_env, default_synth, t
         image = stack_outputs[outputs.TRAINING_IMAGE_URI]
         assert f"docker login --username AWS --password-stdin {image.split('/')[0]}" in calls
         assert f"docker pull --quiet {image}" in calls
+        assert calls.index("systemctl daemon-reload") < calls.index(
+            f"docker pull --quiet {image}")
         assert calls[-1] == (
             f"docker run -d --name maskrcnn --restart unless-stopped --gpus all --network host "
-            f"--ipc host -v {efs}:{efs} -v /etc/maskrcnn:/etc/maskrcnn:ro {image} cluster-node")
+            f"--ipc host -v {efs}:{efs}:rslave -v /etc/maskrcnn:/etc/maskrcnn:ro {image} "
+            "cluster-node")
         assert "docker exec -i maskrcnn maskrcnn-entrypoint cluster-train" in (
             node["root"] / "bin" / "maskrcnn-train").read_text()
-        assert "ready: 2 GPUs" in (node["root"] / "log" / "maskrcnn-boot.log").read_text()
+        assert "ready: 8 GPUs" in (node["root"] / "log" / "maskrcnn-boot.log").read_text()
 
     # One key for the cluster, generated by the master and published in the secret.
     master_key = (master["root"] / "etc" / "maskrcnn" / "ssh" / "id_ed25519").read_text()
@@ -205,4 +224,22 @@ def test_master_and_worker_boot_into_the_node_contract(aws_env, default_synth, t
         PublicIps=[stack_outputs[outputs.MASTER_ADDRESS]])["Addresses"]
     assert address["InstanceId"] == master["id"]
     # Nothing escaped the sandbox.
-    assert not Path("/etc/maskrcnn").exists() and str(efs) not in Path("/etc/fstab").read_text()
+    # (Only the files: other tests may leave an empty /etc/maskrcnn as a mount point.)
+    assert not Path("/etc/maskrcnn/cluster.env").exists()
+    assert str(efs) not in Path("/etc/fstab").read_text()
+    assert not Path("/etc/systemd/system/docker.service.d/maskrcnn-efs.conf").exists()
+
+    # A replacement worker on an AMI whose driver cannot drive its GPUs: nvidia-smi sees none of
+    # the 8. The boot fails, and the node marks itself unhealthy so that its group replaces it
+    # (after creation CloudFormation ignores the FAILURE signal).
+    failing = tmp_path / "worker-without-driver"
+    process = _start_node(failing, worker["user_data"], worker["imds"], stubs, gpus=0)
+    assert process.wait(timeout=120) != 0
+    log = (failing / "log" / "maskrcnn-boot.log").read_text()
+    assert f"nvidia-smi sees 0 of the {GPUS_OF_TYPE} GPUs of g5.48xlarge" in log
+    assert "boot failed" in log and "ready:" not in log
+    (instance,) = boto3.client("autoscaling").describe_auto_scaling_instances(
+        InstanceIds=[worker["id"]])["AutoScalingInstances"]
+    assert instance["HealthStatus"].upper() == "UNHEALTHY"
+    assert not (failing / "calls.log").exists() or "docker run" not in (
+        failing / "calls.log").read_text()

@@ -17,20 +17,22 @@ from cdk_synth import deploy_to_moto, prepare_moto_account
 @pytest.mark.parametrize("synth_fixture", ["default_synth", "variant_synth"])
 def test_all_stacks_reach_create_complete_in_moto(request, aws_env, synth_fixture):
     synth = request.getfixturevalue(synth_fixture)
-    prepare_moto_account()
+    image_id = prepare_moto_account()
+    text = json.dumps(synth.templates)
     if synth.context.get("existing_file_system_id"):
         # The file system the user names must exist (moto assigns its own id: use that one).
         fs_id = boto3.client("efs").create_file_system(CreationToken="existing")["FileSystemId"]
-        templates = json.loads(json.dumps(synth.templates).replace(
-            synth.context["existing_file_system_id"], fs_id))
-    else:
-        templates = synth.templates
+        text = text.replace(synth.context["existing_file_system_id"], fs_id)
+    if synth.context.get("ami_id"):
+        text = text.replace(synth.context["ami_id"], image_id)   # a pinned AMI moto knows
+    templates = json.loads(text)
     cloudformation = boto3.client("cloudformation")
 
     created = {}
     for name in (outputs.NETWORK_STORAGE_STACK, outputs.EFS_CLUSTER_STACK,
                  outputs.SAGEMAKER_STACK):
-        stack = deploy_to_moto(cloudformation, name, templates[name])
+        # With name_prefix the CloudFormation names differ from the ids `cdk deploy` takes.
+        stack = deploy_to_moto(cloudformation, synth.stack_names[name], templates[name])
         assert stack["StackStatus"] == "CREATE_COMPLETE", (name, stack.get("StackStatusReason"))
         created[name] = {o["OutputKey"]: o["OutputValue"] for o in stack.get("Outputs", [])}
 

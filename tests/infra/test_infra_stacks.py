@@ -226,6 +226,21 @@ def test_cluster_ami_is_the_deep_learning_ami_ssm_parameter_not_a_lookup(default
     assert "deeplearning" in params[0]["Default"]
 
 
+def test_cluster_ami_can_be_pinned_and_the_ami_in_use_is_an_output(default_synth, variant_synth):
+    """Without a pin, CloudFormation re-reads .../latest at every deploy, so replacement nodes
+    would get newer drivers and NCCL than running ones."""
+    (parameter,) = [lid for lid, p in default_synth.templates[CLUSTER]["Parameters"].items()
+                    if p["Type"] == "AWS::SSM::Parameter::Value<AWS::EC2::Image::Id>"]
+    assert default_synth.templates[CLUSTER]["Outputs"][outputs.CLUSTER_AMI_ID]["Value"] == {
+        "Ref": parameter}
+    pinned = variant_synth.templates[CLUSTER]
+    assert not [p for p in pinned.get("Parameters", {}).values()
+                if p["Type"] == "AWS::SSM::Parameter::Value<AWS::EC2::Image::Id>"]
+    assert pinned["Outputs"][outputs.CLUSTER_AMI_ID]["Value"] == VARIANT_CONTEXT["ami_id"]
+    for lt in variant_synth.resources(CLUSTER, "AWS::EC2::LaunchTemplate").values():
+        assert lt["Properties"]["LaunchTemplateData"]["ImageId"] == VARIANT_CONTEXT["ami_id"]
+
+
 def test_groups_use_launch_templates_with_imdsv2_encrypted_gp3_and_placement(default_synth):
     template = default_synth.template(CLUSTER)
     template.resource_count_is("AWS::AutoScaling::LaunchConfiguration", 0)
@@ -251,8 +266,8 @@ def test_master_is_one_public_node_and_workers_are_private(default_synth, varian
     for synth, workers in ((default_synth, 1), (variant_synth, 3)):
         groups = synth.resources(CLUSTER, "AWS::AutoScaling::AutoScalingGroup")
         by_name = {g["Properties"]["AutoScalingGroupName"]: g for g in groups.values()}
-        master = by_name[f"{CLUSTER}-master"]["Properties"]
-        worker = by_name[f"{CLUSTER}-worker"]["Properties"]
+        master = by_name[f"{synth.stack_names[CLUSTER]}-master"]["Properties"]
+        worker = by_name[f"{synth.stack_names[CLUSTER]}-worker"]["Properties"]
         assert (master["MinSize"], master["MaxSize"]) == ("1", "1")
         assert (worker["MinSize"], worker["MaxSize"]) == (str(workers), str(workers))
         assert "PublicSubnet1" in import_of(master["VPCZoneIdentifier"][0])
@@ -271,6 +286,29 @@ def test_no_ssh_ingress_by_default_nodes_talk_to_each_other(default_synth):
     self_rules = [r["Properties"] for r in rules if r["Properties"]["IpProtocol"] == "-1"]
     assert len(self_rules) == 1
     assert self_rules[0]["GroupId"] == self_rules[0]["SourceSecurityGroupId"]
+
+
+@pytest.mark.parametrize("stack, group_prefix", [(CLUSTER, "ClusterNodeSecurityGroup"),
+                                                 (SAGEMAKER, "TrainingJobSecurityGroup")])
+def test_efa_groups_allow_all_traffic_to_themselves_in_both_directions(default_synth, stack,
+                                                                       group_prefix):
+    """EFA is not IP traffic: an outbound 0.0.0.0/0 rule does not cover it; AWS requires an
+    outbound rule to the group itself (and CDK drops egress rules on allow_all_outbound groups)."""
+    (group_id,) = [lid for lid in default_synth.resources(stack, "AWS::EC2::SecurityGroup")
+                   if lid.startswith(group_prefix)]
+    to_self = [r["Properties"] for r in
+               default_synth.resources(stack, "AWS::EC2::SecurityGroupEgress").values()
+               if r["Properties"]["GroupId"] == {"Fn::GetAtt": [group_id, "GroupId"]}]
+    assert [(r["IpProtocol"], r["DestinationSecurityGroupId"]) for r in to_self] == [
+        ("-1", {"Fn::GetAtt": [group_id, "GroupId"]})]
+    from_self = [r["Properties"] for r in
+                 default_synth.resources(stack, "AWS::EC2::SecurityGroupIngress").values()
+                 if r["Properties"]["GroupId"] == {"Fn::GetAtt": [group_id, "GroupId"]}
+                 and r["Properties"]["IpProtocol"] == "-1"]
+    assert [r["SourceSecurityGroupId"] for r in from_self] == [{"Fn::GetAtt": [group_id, "GroupId"]}]
+    egress = default_synth.resources(stack, "AWS::EC2::SecurityGroup")[group_id][
+        "Properties"]["SecurityGroupEgress"]
+    assert [(r["CidrIp"], r["IpProtocol"]) for r in egress] == [("0.0.0.0/0", "-1")]
 
 
 def test_ssh_only_from_the_configured_cidr_and_only_to_the_master(variant_synth):
@@ -323,6 +361,69 @@ def test_user_data_writes_the_node_contract(default_synth, prefix, role):
     assert len(text.encode()) < 16 * 1024
 
 
+def test_nodes_may_mark_only_their_own_group_unhealthy(default_synth):
+    """A replacement node's failed boot signal is ignored after creation: the node marks itself
+    unhealthy so that its group replaces it."""
+    for prefix, group in (("ClusterMasterRole", "master"), ("ClusterWorkerRole", "worker")):
+        (statement,) = [s for s in policy_of(default_synth, CLUSTER, prefix)
+                        if "autoscaling:SetInstanceHealth" in actions(s)]
+        assert actions(statement) == ["autoscaling:SetInstanceHealth"]
+        assert json.dumps(statement["Resource"]).endswith(
+            f':autoScalingGroup:*:autoScalingGroupName/{CLUSTER}-{group}"]]}}')
+    text = user_data(default_synth, CLUSTER, "ClusterWorker")
+    assert ("aws autoscaling set-instance-health --instance-id \"$INSTANCE_ID\" "
+            "--health-status Unhealthy" in text)
+
+
+def test_group_launch_and_terminate_failures_are_notified(default_synth, variant_synth):
+    (topic_id,) = default_synth.resources(SHARED, "AWS::SNS::Topic")
+    for synth in (default_synth, variant_synth):
+        for group in synth.resources(CLUSTER, "AWS::AutoScaling::AutoScalingGroup").values():
+            (config,) = group["Properties"]["NotificationConfigurations"]
+            assert sorted(config["NotificationTypes"]) == [
+                "autoscaling:EC2_INSTANCE_LAUNCH_ERROR", "autoscaling:EC2_INSTANCE_TERMINATE_ERROR"]
+            assert topic_id in import_of(config["TopicARN"])
+    # TLS only, and an email subscription only when notification_email is set.
+    (policy,) = default_synth.resources(SHARED, "AWS::SNS::TopicPolicy").values()
+    assert any(s["Effect"] == "Deny" and s["Condition"] == {"Bool": {"aws:SecureTransport": "false"}}
+               for s in policy["Properties"]["PolicyDocument"]["Statement"])
+    assert default_synth.resources(SHARED, "AWS::SNS::Subscription") == {}
+    (subscription,) = variant_synth.resources(SHARED, "AWS::SNS::Subscription").values()
+    assert (subscription["Properties"]["Protocol"], subscription["Properties"]["Endpoint"]) == (
+        "email", VARIANT_CONTEXT["notification_email"])
+
+
+def test_master_may_attach_its_address_only_to_a_master_group_instance(default_synth):
+    statements_ = [s for s in policy_of(default_synth, CLUSTER, "ClusterMasterRole")
+                   if "ec2:AssociateAddress" in actions(s)]
+    assert not [s for s in policy_of(default_synth, CLUSTER, "ClusterWorkerRole")
+                if "ec2:AssociateAddress" in actions(s)]
+    on_instances = [s for s in statements_ if ":instance/" in json.dumps(s["Resource"])]
+    (statement,) = on_instances
+    assert statement["Condition"] == {"StringEquals": {
+        "aws:ResourceTag/aws:autoscaling:groupName": f"{CLUSTER}-master"}}
+    assert ":instance/" not in json.dumps([s["Resource"] for s in statements_
+                                           if s is not statement])
+
+
+def test_name_prefix_separates_a_second_deployment(default_synth, variant_synth):
+    """Two deployments in one account and region must not collide on stack, group, secret or
+    export names."""
+    assert default_synth.stack_names == {s: s for s in ALL_STACKS}
+    assert variant_synth.stack_names == {s: f"team-a-{s}" for s in ALL_STACKS}
+    cluster = variant_synth.templates[CLUSTER]
+    names = {g["Properties"]["AutoScalingGroupName"]
+             for g in variant_synth.resources(CLUSTER, "AWS::AutoScaling::AutoScalingGroup").values()}
+    assert names == {f"team-a-{CLUSTER}-master", f"team-a-{CLUSTER}-worker"}
+    (secret,) = variant_synth.resources(CLUSTER, "AWS::SecretsManager::Secret").values()
+    assert secret["Properties"]["Name"] == f"team-a-{CLUSTER}-cluster-key"
+    imports = re.findall(r'"Fn::ImportValue": "([^"]+)"', json.dumps(cluster))
+    assert imports and all(name.startswith(f"team-a-{SHARED}") for name in imports)
+    exports = [o["Export"]["Name"] for o in variant_synth.templates[SHARED]["Outputs"].values()
+               if "Export" in o]
+    assert exports and all(name.startswith(f"team-a-{SHARED}") for name in exports)
+
+
 def test_only_the_master_may_publish_the_cluster_key(default_synth):
     (secret,) = default_synth.resources(CLUSTER, "AWS::SecretsManager::Secret").values()
     name = secret["Properties"]["Name"]
@@ -364,6 +465,15 @@ def test_notebook_is_private_encrypted_without_internet_or_root(default_synth):
     assert props["KmsKeyId"] == {"Ref": next(iter(default_synth.resources(SAGEMAKER, "AWS::KMS::Key")))}
     assert props["InstanceType"] == default_synth.context["notebook_instance_type"]
     template.has_resource_properties("AWS::KMS::Key", {"EnableKeyRotation": True})
+
+
+def test_notebook_runs_amazon_linux_2023_with_imdsv2_only(default_synth):
+    """SageMaker refuses to create or restart Amazon Linux 2 notebooks since 2026-07-01."""
+    (notebook,) = default_synth.resources(SAGEMAKER, "AWS::SageMaker::NotebookInstance").values()
+    props = notebook["Properties"]
+    assert props["PlatformIdentifier"] == "notebook-al2023-v1"
+    assert props["InstanceMetadataServiceConfiguration"] == {
+        "MinimumInstanceMetadataServiceVersion": "2"}
 
 
 def test_notebook_lifecycle_config_mounts_efs_at_home_efs(default_synth):
