@@ -8,7 +8,8 @@ failed training.)
 Processes: one per GPU (one per host on CPU; ``sagemaker_mpi_num_of_processes_per_host`` overrides).
 One host runs ``python -m training.train`` directly, or under ``horovodrun`` for several processes.
 Several hosts: the leader (first of the sorted host names) starts mpirun over all hosts, the others
-serve SSH and end when the job ends.
+serve SSH, then exit with the job's outcome, which the leader writes on the shared log channel (so a
+failed job fails on every host, with the leader's reason).
 
 Why sagemaker-training (the maintained toolkit) and what is our own:
 - ``environment.Environment`` parses hyperparameters.json, resourceconfig.json, inputdataconfig.json,
@@ -27,8 +28,10 @@ Paths are the toolkit's: /opt/ml, or $SAGEMAKER_BASE_DIR (how the tests fabricat
 from __future__ import annotations
 
 import collections
+import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -40,9 +43,22 @@ from launch.cluster.launch_command import horovod_env
 
 RUN_NAME_ENV = "MASKRCNN_RUN_NAME"      # set by the launcher's --run-name
 RANK_SCRIPT = "maskrcnn_rank.py"
+# Under mpirun, a Horovod built without MPI would run every rank as a job of its own, silently.
+RANK_SCRIPT_TEXT = """import os, runpy, sys
+import training.compat  # TensorFlow's settings, before anything imports it
+import horovod.tensorflow as hvd
+if int(os.environ.get("OMPI_COMM_WORLD_SIZE", "1")) > 1 and not hvd.mpi_built():
+    sys.exit("error: this Horovod is built without MPI, so mpirun's ranks cannot form one job")
+runpy.run_module("training.train", run_name="__main__", alter_sys=True)
+"""
 PROCESSES_PER_HOST_PARAM = "sagemaker_mpi_num_of_processes_per_host"
 SSH_DIR = Path("/root/.ssh")
+SSH_PORT = 22                           # the toolkit's sshd
 KEY_WAIT_SECONDS = 15 * 60
+JOBS_DIR = ".jobs"                      # <log channel>/.jobs/<job name>/: SSH key, then the leader's outcome
+OUTCOME_FILE = "outcome.json"
+LEADER_LOST_SECONDS = 5 * 60            # a worker gives up on a leader unreachable this long
+POLL_SECONDS = 2
 
 
 class JobError(RuntimeError):
@@ -135,10 +151,14 @@ def run_single_host(job: Job) -> None:
         raise JobError(f"training exited with status {rc}: {headline}\n\nlast output:\n" + "\n".join(tail))
 
 
-def _shared_ssh_key(job: Job) -> Path:
+def _job_dir(job: Job) -> Path:
+    """This job's directory on the shared log channel (EFS): the SSH key while it runs, the leader's outcome."""
+    return Path(job.logdir).parent / JOBS_DIR / (os.environ.get("TRAINING_JOB_NAME") or "job")
+
+
+def _install_ssh_key(job: Job, shared: Path) -> None:
     """Install this job's SSH key for root: the leader creates it on the shared log channel, the
     other hosts wait for it. Host keys are generated here too (none ship in the image)."""
-    shared = Path(job.logdir).parent / ".ssh" / (os.environ.get("TRAINING_JOB_NAME") or "job")
     key = shared / "id_rsa"
     if job.is_leader and not key.exists():
         shared.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -157,18 +177,43 @@ def _shared_ssh_key(job: Job) -> Path:
     shutil.copyfile(key, SSH_DIR / "id_rsa")
     os.chmod(SSH_DIR / "id_rsa", 0o600)
     shutil.copyfile(str(key) + ".pub", SSH_DIR / "authorized_keys")
-    (SSH_DIR / "config").write_text("Host *\n  StrictHostKeyChecking no\n  UserKnownHostsFile /dev/null\n")
+    # mpirun holds an SSH session to every other host for the whole job: keepalives end it (and so
+    # the job) within ~30 s when a host vanishes without a TCP reset, instead of ranks waiting forever.
+    (SSH_DIR / "config").write_text("Host *\n  StrictHostKeyChecking no\n  UserKnownHostsFile /dev/null\n"
+                                    "  ServerAliveInterval 10\n  ServerAliveCountMax 3\n")
     subprocess.run(["ssh-keygen", "-A"], check=True)
     Path("/run/sshd").mkdir(exist_ok=True)
-    return shared
 
 
 def rank_env(job: Job) -> dict[str, str]:
     """Exported to every rank by name (mpirun -x NAME): Horovod/NCCL settings and what the training
     code needs to import (remote ranks start from sshd's clean environment). NCCL's interface is
     SageMaker's: the toolkit's mpirun exports it first and these come after it on the command line."""
-    return {**horovod_env(efa=False, socket_interface=job.network_interface), "PYTHONPATH": os.environ.get("PYTHONPATH", ""),
-            "TF_USE_LEGACY_KERAS": "1"}
+    return {**horovod_env(efa=False, socket_interface=job.network_interface),
+            "PYTHONPATH": os.environ.get("PYTHONPATH", ""), "TF_USE_LEGACY_KERAS": "1"}
+
+
+def write_rank_script(code_dir: str) -> Path:
+    """The script every rank runs, written on every host: mpirun starts ``python -m mpi4py
+    maskrcnn_rank.py`` by relative path in the leader's working directory (the code directory) on each
+    host, and nothing copies it there (written on the leader only, other hosts' ranks failed with
+    "can't open file")."""
+    Path(code_dir).mkdir(parents=True, exist_ok=True)
+    script = Path(code_dir) / RANK_SCRIPT
+    script.write_text(RANK_SCRIPT_TEXT)
+    return script
+
+
+def _cluster_failure(err: Exception) -> str:
+    """The toolkit's error as a failure reason: the ranks' error line first (SageMaker shows the
+    first 1024 characters), then what the toolkit collected; not its long mpirun command."""
+    output = str(getattr(err, "output", "") or "").strip()
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    errors = [line for line in lines if "error" in line.lower()]
+    headline = errors[-1] if errors else (lines[-1] if lines else str(err))
+    code = getattr(err, "return_code", None)
+    status = f" (mpirun exit status {code})" if code is not None else ""
+    return f"training failed on the cluster{status}: {headline}\n\n{output}".rstrip()
 
 
 def run_multi_host(job: Job) -> None:
@@ -176,25 +221,69 @@ def run_multi_host(job: Job) -> None:
 
     if "/input/data/log/" not in job.logdir + "/":
         raise JobError("a multi-host job needs the 'log' channel (EFS, read-write): the hosts share the job's "
-                       "SSH key and the checkpoints there")
-    shared_key_dir = _shared_ssh_key(job)
+                       "SSH key, its outcome and the checkpoints there")
+    started = time.time()
+    shared = _job_dir(job)
+    if job.is_leader:
+        (shared / OUTCOME_FILE).unlink(missing_ok=True)   # a previous attempt's (a spot restart)
+    _install_ssh_key(job, shared)
     env_vars = rank_env(job)
     os.environ.update(env_vars)
+    write_rank_script(environment.code_dir)
     if job.is_leader:
-        Path(environment.code_dir).mkdir(parents=True, exist_ok=True)
-        (Path(environment.code_dir) / RANK_SCRIPT).write_text(
-            "import runpy\nrunpy.run_module('training.train', run_name='__main__', alter_sys=True)\n")
         runner = mpi.MasterRunner(RANK_SCRIPT, train_args(job), env_vars, job.processes_per_host, job.leader,
                                   sorted(job.hosts), "", job.network_interface, instance_type=job.instance_type)
         try:
             runner.run(wait=True, capture_error=True)
         except Exception as err:  # the toolkit raises ExecuteUserScriptError or a subclass named for the error
-            raise JobError(f"training failed on the cluster: {err}") from None
+            raise JobError(_cluster_failure(err)) from None
         finally:
-            shutil.rmtree(shared_key_dir, ignore_errors=True)  # every host has its copy by now
+            for name in ("id_rsa", "id_rsa.pub"):   # every host has its copy by now
+                (shared / name).unlink(missing_ok=True)
     else:
+        # The toolkit's worker side: sshd, and /etc/environment for the ranks mpirun starts here. Not
+        # its wait (wait=False): that ends alike whether the job succeeded or failed (the host then
+        # exits 0), after polling the leader for minutes; the leader's outcome file says which, at once.
         mpi.WorkerRunner(RANK_SCRIPT, train_args(job), env_vars, job.processes_per_host, job.leader,
-                         job.current_host).run(wait=True)
+                         job.current_host).run(wait=False)
+        _wait_for_leader(job, shared / OUTCOME_FILE, since=started)
+
+
+def report_outcome(job: Job, *, ok: bool, reason: str = "") -> None:
+    """The leader's last word to the other hosts of a multi-host job; they exit with it."""
+    if len(job.hosts) < 2 or not job.is_leader or "/input/data/log/" not in job.logdir + "/":
+        return
+    target = _job_dir(job) / OUTCOME_FILE
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"ok": ok, "reason": reason[:4000], "written_at": time.time()}))
+        os.replace(tmp, target)
+    except OSError as err:   # keep the job's own failure; the other hosts then find the leader gone
+        print(f"[entry] could not write the outcome for the other hosts to {target}: {err}", file=sys.stderr)
+
+
+def _wait_for_leader(job: Job, outcome_file: Path, *, since: float) -> None:
+    """Until the leader writes this attempt's outcome: return on success, raise its reason on failure.
+    Also raise when the leader stays unreachable for LEADER_LOST_SECONDS (its host died)."""
+    last_seen = time.time()
+    while True:
+        try:
+            outcome = json.loads(outcome_file.read_text())
+        except (OSError, ValueError):
+            outcome = None
+        if outcome is not None and outcome.get("written_at", 0) >= since:
+            if outcome.get("ok"):
+                return
+            raise JobError(f"the job failed (reported by the leader {job.leader}): {outcome.get('reason')}")
+        try:
+            socket.create_connection((job.leader, SSH_PORT), timeout=5).close()
+            last_seen = time.time()
+        except OSError:
+            if time.time() - last_seen > LEADER_LOST_SECONDS:
+                raise JobError(f"lost the leader {job.leader}: unreachable for {LEADER_LOST_SECONDS} s and "
+                               f"no outcome in {outcome_file}") from None
+        time.sleep(POLL_SECONDS)
 
 
 def export_model(logdir: str, model_dir: str) -> list[str]:
@@ -219,7 +308,7 @@ def export_model(logdir: str, model_dir: str) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     from sagemaker_training import environment, files
 
-    status = 1
+    status, job = 1, None
     try:
         job = plan(environment.Environment())
         print(f"[entry] host {job.current_host} of {sorted(job.hosts)}, {job.processes_per_host} process(es) "
@@ -231,12 +320,15 @@ def main(argv: list[str] | None = None) -> int:
         if job.is_leader:
             exported = export_model(job.logdir, job.model_dir)
             print(f"[entry] model in {job.model_dir}: {', '.join(exported)}", flush=True)
+            report_outcome(job, ok=True)
         files.write_success_file()
         return 0
     except JobError as err:
         reason = str(err)
     except Exception:  # anything else is a bug or an environment problem: keep its traceback
         reason = "entry failed:\n" + traceback.format_exc()
+    if job is not None:
+        report_outcome(job, ok=False, reason=reason)
     os.makedirs(environment.output_dir, exist_ok=True)
     files.write_failure_file(reason[:10000])  # SageMaker shows the start of this file; keep it bounded
     print(f"[entry] FAILED: {reason}", file=sys.stderr, flush=True)

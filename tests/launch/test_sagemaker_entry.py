@@ -3,8 +3,10 @@
 One host, CPU, synthetic data (one process, or two under horovodrun); $SAGEMAKER_BASE_DIR points
 sagemaker-training at the temp tree.
 """
+import dataclasses
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -168,3 +170,47 @@ def test_nccl_keeps_sagemakers_network_interface(monkeypatch):
                 for flag, arg in zip(command, command[1:])
                 if flag == "-x" and arg.partition("=")[0] == "NCCL_SOCKET_IFNAME"]
     assert len(exported) >= 1 and set(exported) == {"ens6"}, exported
+
+
+def _worker_job(logdir: Path):
+    from launch.sagemaker import entry
+
+    return entry.Job(train_dir="/d", logdir=str(logdir), overrides=[], model_dir="/m", hosts=["algo-1", "algo-2"],
+                     current_host="algo-2", processes_per_host=1, network_interface="eth0", instance_type="ml.c5.xlarge")
+
+
+def test_a_worker_exits_with_the_leaders_outcome_of_this_attempt(tmp_path, monkeypatch):
+    from launch.sagemaker import entry
+
+    monkeypatch.setattr(entry, "POLL_SECONDS", 0.05)
+    monkeypatch.setattr(entry, "LEADER_LOST_SECONDS", 0.3)
+    outcome = tmp_path / "outcome.json"
+    job = _worker_job(tmp_path / "input" / "data" / "log" / "run")
+    # A previous attempt's outcome (a spot restart under the same job name) does not count; with the
+    # leader unreachable (a port held but not listening) the worker gives up, with that reason.
+    outcome.write_text(json.dumps({"ok": True, "reason": "", "written_at": 100.0}))
+    monkeypatch.setattr(job, "hosts", ["127.0.0.2", "algo-2"])
+    closed = socket.socket()
+    closed.bind(("127.0.0.2", 0))
+    monkeypatch.setattr(entry, "SSH_PORT", closed.getsockname()[1])
+    with pytest.raises(entry.JobError, match=r"lost the leader 127.0.0.2: unreachable"):
+        entry._wait_for_leader(job, outcome, since=200.0)
+    outcome.write_text(json.dumps({"ok": False, "reason": "training failed on the cluster: boom", "written_at": 300.0}))
+    with pytest.raises(entry.JobError, match=r"^the job failed \(reported by the leader 127.0.0.2\): training failed"):
+        entry._wait_for_leader(job, outcome, since=200.0)
+    outcome.write_text(json.dumps({"ok": True, "reason": "", "written_at": 300.0}))
+    entry._wait_for_leader(job, outcome, since=200.0)
+    closed.close()
+
+
+def test_the_leader_reports_the_outcome_on_the_log_channel(tmp_path, monkeypatch):
+    from launch.sagemaker import entry
+
+    monkeypatch.setenv("TRAINING_JOB_NAME", "job-9")
+    logdir = tmp_path / "input" / "data" / "log" / "run"
+    leader = dataclasses.replace(_worker_job(logdir), current_host="algo-1")
+    entry.report_outcome(leader, ok=False, reason="x" * 10000)
+    written = json.loads((logdir.parent / ".jobs" / "job-9" / "outcome.json").read_text())
+    assert written["ok"] is False and len(written["reason"]) == 4000
+    entry.report_outcome(_worker_job(logdir), ok=True)   # a worker never writes it
+    assert json.loads((logdir.parent / ".jobs" / "job-9" / "outcome.json").read_text())["ok"] is False
