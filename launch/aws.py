@@ -5,6 +5,10 @@ name the stack, the output and what to do, before any job or upload is started.
 """
 from __future__ import annotations
 
+import contextlib
+import os
+from collections.abc import Iterator
+
 import boto3
 from botocore.exceptions import ClientError, NoRegionError
 
@@ -13,6 +17,30 @@ from infra.outputs import PRIVATE_SUBNET_IDS, TRAINING_SECURITY_GROUP_ID
 
 class LaunchError(RuntimeError):
     """A user-facing problem: the message says what is wrong and how to fix it."""
+
+
+# The SageMaker SDK's own switch for its client-side role check (sagemaker.core.helper.iam_role_resolver).
+SDK_VALIDATE_ROLE_ENV = "SAGEMAKER_VALIDATE_ROLE"
+
+
+@contextlib.contextmanager
+def stack_role_trusted() -> Iterator[None]:
+    """Build SageMaker SDK objects without the SDK's client-side check of the training role.
+
+    ModelTrainer simulates the role's policies (iam:SimulatePrincipalPolicy) when the caller may, and
+    raises when the simulation denies: the stack's role is scoped to its own bucket and file system, so
+    a simulation without those resources can deny what SageMaker allows. The role is the stack's own,
+    made for these jobs; SageMaker still checks it when the job is created, and names what is missing.
+    """
+    previous = os.environ.get(SDK_VALIDATE_ROLE_ENV)
+    os.environ[SDK_VALIDATE_ROLE_ENV] = "false"
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop(SDK_VALIDATE_ROLE_ENV, None)
+        else:
+            os.environ[SDK_VALIDATE_ROLE_ENV] = previous
 
 
 def make_session(region: str | None = None, profile: str | None = None) -> boto3.session.Session:

@@ -9,7 +9,9 @@ Everything the job needs from the deployment is read from SageMakerStack's Cloud
 (names in infra/outputs.py): the image, the role, the EFS file system, the private subnets and the
 security group, the bucket for the output. Channels are EFS directories: ``train`` read-only (the
 staged COCO tree), ``log`` read-write (the entry writes checkpoints and TensorBoard events into
-``<log>/<run name>``, so a restarted job resumes). The 22 metric definitions come from
+``<log>/<run name>``). Every job gets a new run name unless ``--run-name`` names an earlier run to
+continue, so a new experiment never picks up an old one's checkpoints; a spot job that SageMaker
+restarts keeps its run name and resumes from EFS. The 22 metric definitions come from
 training.metrics, hyperparameters are checked with training.hparams before anything is sent.
 
 The same :func:`start_job` is what notebooks/sagemaker_training.ipynb calls.
@@ -19,19 +21,24 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import re
+import secrets
 import sys
+import time
 from typing import Any
 
 import boto3
 
 from infra import outputs
-from launch.aws import LaunchError, make_session, require_output, stack_outputs, training_networking
+from launch.aws import (LaunchError, make_session, require_output, stack_outputs, stack_role_trusted,
+                        training_networking)
 
 DEFAULT_INSTANCE_TYPE = "ml.p4d.24xlarge"
 TRAIN_CHANNEL_PATH = "/data/coco"     # on the EFS file system; `python -m launch.staging to-efs` fills it
 LOG_CHANNEL_PATH = "/logs"
-CHECKPOINT_LOCAL_PATH = "/opt/ml/checkpoints"
 RUN_NAME_ENV = "MASKRCNN_RUN_NAME"    # read by launch/sagemaker/entry.py
+# A directory name on EFS: no '/', no '..', no leading '.'.
+RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 
 
 @dataclasses.dataclass
@@ -46,7 +53,7 @@ class JobSpec:
     hyperparameters: dict[str, Any] = dataclasses.field(default_factory=dict)
     train_path: str = TRAIN_CHANNEL_PATH
     log_path: str = LOG_CHANNEL_PATH
-    run_name: str | None = None            # log subdirectory; default: the job name. Reuse one to resume it.
+    run_name: str | None = None            # log subdirectory; default: new_run_name(). Reuse one to resume it.
     spot: bool = False
     max_wait_seconds: int | None = None    # spot only; default 2 x max run
     output_prefix: str = "maskrcnn/output"
@@ -59,6 +66,11 @@ FALLBACKS = {"instance_type": DEFAULT_INSTANCE_TYPE, "instance_count": 1, "volum
 # Optional stack outputs for those defaults (infra/outputs.py names them if SageMakerStack decides them).
 _OPTIONAL_OUTPUTS = {"instance_type": "TRAINING_INSTANCE_TYPE", "instance_count": "TRAINING_INSTANCE_COUNT",
                      "volume_size_gb": "TRAINING_VOLUME_SIZE_GB", "max_run_seconds": "TRAINING_MAX_RUNTIME_S"}
+
+
+def new_run_name(base: str) -> str:
+    """A run name no earlier job has: the base job name, the UTC time and 4 random hex digits."""
+    return f"{base}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{secrets.token_hex(2)}"
 
 
 def _efs_path(path: str, what: str) -> str:
@@ -77,7 +89,11 @@ def resolve(spec: JobSpec, stack: dict[str, str]) -> JobSpec:
             value = stack.get(name) if name else None
             value = fallback if value in (None, "") else type(fallback)(value)
         values[field] = value
+    values["run_name"] = spec.run_name or new_run_name(spec.base_job_name)
     out = dataclasses.replace(spec, **values)
+    if not RUN_NAME.match(out.run_name):
+        raise LaunchError(f"run name {out.run_name!r} must be 1-100 letters, digits, '.', '_' or '-', starting "
+                          f"with a letter or digit (it names the run's directory on EFS), e.g. coco-r50")
     if not out.instance_type.startswith("ml."):
         raise LaunchError(f"instance type {out.instance_type!r} is not a SageMaker type; they start with 'ml.', "
                           f"e.g. ml.p4d.24xlarge")
@@ -103,9 +119,8 @@ def check_hyperparameters(hyperparameters: dict[str, Any]) -> None:
 def build_trainer(session: boto3.session.Session, spec: JobSpec):
     """A ``sagemaker.train.ModelTrainer`` for ``spec`` and the resolved spec."""
     from sagemaker.core.helper.session_helper import Session
-    from sagemaker.core.training.configs import (CheckpointConfig, Compute, FileSystemDataSource, InputData,
-                                                 MetricDefinition, Networking, OutputDataConfig,
-                                                 StoppingCondition)
+    from sagemaker.core.training.configs import (Compute, FileSystemDataSource, InputData, MetricDefinition,
+                                                 Networking, OutputDataConfig, StoppingCondition)
     from sagemaker.train import ModelTrainer
 
     from training.metrics import METRIC_DEFINITIONS
@@ -123,39 +138,36 @@ def build_trainer(session: boto3.session.Session, spec: JobSpec):
     spec = resolve(spec, stack)
     check_hyperparameters(spec.hyperparameters)
 
-    environment = dict(spec.environment)
-    if spec.run_name:
-        environment[RUN_NAME_ENV] = spec.run_name
+    # The run directory <log>/<run name> holds the checkpoints; a spot job SageMaker restarts keeps
+    # this environment, so it resumes there.
+    environment = {**spec.environment, RUN_NAME_ENV: spec.run_name}
     stopping = StoppingCondition(max_runtime_in_seconds=spec.max_run_seconds)
     if spec.spot:
+        # No CheckpointConfig: its S3 sync covers /opt/ml/checkpoints, and the checkpoints are on EFS.
         stopping = StoppingCondition(max_runtime_in_seconds=spec.max_run_seconds,
                                      max_wait_time_in_seconds=spec.max_wait_seconds or 2 * spec.max_run_seconds)
-    trainer = ModelTrainer(
-        sagemaker_session=Session(boto_session=session),
-        role=role,
-        training_image=image,
-        base_job_name=spec.base_job_name,
-        compute=Compute(instance_type=spec.instance_type, instance_count=spec.instance_count,
-                        volume_size_in_gb=spec.volume_size_gb, enable_managed_spot_training=spec.spot or None),
-        networking=Networking(subnets=subnets, security_group_ids=[security_group]),
-        stopping_condition=stopping,
-        output_data_config=OutputDataConfig(s3_output_path=f"s3://{bucket}/{spec.output_prefix.strip('/')}"),
-        input_data_config=[
-            InputData(channel_name="train", data_source=FileSystemDataSource(
-                file_system_id=fs_id, file_system_type="EFS", file_system_access_mode="ro",
-                directory_path=spec.train_path)),
-            InputData(channel_name="log", data_source=FileSystemDataSource(
-                file_system_id=fs_id, file_system_type="EFS", file_system_access_mode="rw",
-                directory_path=spec.log_path)),
-        ],
-        hyperparameters={k: str(v) for k, v in spec.hyperparameters.items()},
-        environment=environment or None,
-    ).with_metric_definitions([MetricDefinition(name=m["Name"], regex=m["Regex"]) for m in METRIC_DEFINITIONS])
-    if spec.spot:
-        # SageMaker copies /opt/ml/checkpoints to S3 and back after a spot interruption.
-        trainer = trainer.with_checkpoint_config(CheckpointConfig(
-            s3_uri=f"s3://{bucket}/maskrcnn/checkpoints/{spec.run_name or spec.base_job_name}",
-            local_path=CHECKPOINT_LOCAL_PATH))
+    with stack_role_trusted():
+        trainer = ModelTrainer(
+            sagemaker_session=Session(boto_session=session),
+            role=role,
+            training_image=image,
+            base_job_name=spec.base_job_name,
+            compute=Compute(instance_type=spec.instance_type, instance_count=spec.instance_count,
+                            volume_size_in_gb=spec.volume_size_gb, enable_managed_spot_training=spec.spot or None),
+            networking=Networking(subnets=subnets, security_group_ids=[security_group]),
+            stopping_condition=stopping,
+            output_data_config=OutputDataConfig(s3_output_path=f"s3://{bucket}/{spec.output_prefix.strip('/')}"),
+            input_data_config=[
+                InputData(channel_name="train", data_source=FileSystemDataSource(
+                    file_system_id=fs_id, file_system_type="EFS", file_system_access_mode="ro",
+                    directory_path=spec.train_path)),
+                InputData(channel_name="log", data_source=FileSystemDataSource(
+                    file_system_id=fs_id, file_system_type="EFS", file_system_access_mode="rw",
+                    directory_path=spec.log_path)),
+            ],
+            hyperparameters={k: str(v) for k, v in spec.hyperparameters.items()},
+            environment=environment,
+        ).with_metric_definitions([MetricDefinition(name=m["Name"], regex=m["Regex"]) for m in METRIC_DEFINITIONS])
     return trainer, spec
 
 
@@ -236,11 +248,13 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--instance-count", type=int)
     s.add_argument("--volume-size", type=int, help="GB of EBS per instance")
     s.add_argument("--max-run", type=int, help="seconds")
-    s.add_argument("--spot", action="store_true", help="managed spot training, with checkpoints synced to S3")
+    s.add_argument("--spot", action="store_true",
+                   help="managed spot capacity; an interrupted job resumes from its checkpoints on EFS")
     s.add_argument("--max-wait", type=int, help="seconds (spot: time waiting for capacity + running)")
     s.add_argument("--train-path", default=TRAIN_CHANNEL_PATH, help="COCO directory on EFS (train channel, read-only)")
     s.add_argument("--log-path", default=LOG_CHANNEL_PATH, help="log directory on EFS (log channel, read-write)")
-    s.add_argument("--run-name", help="log subdirectory (default: the job name); reuse one to resume that run")
+    s.add_argument("--run-name", help="log subdirectory on EFS (default: a new name per job); "
+                                         "an earlier run's name continues that run")
     s.add_argument("-H", "--hyperparameter", action="append", metavar="NAME=VALUE",
                    help="seed 002's names (mode_mask, batch_size_per_gpu, ...) or config:KEY")
     s.add_argument("--hyperparameters-json", help="JSON object of hyperparameters")
@@ -263,8 +277,10 @@ def main(argv: list[str] | None = None) -> int:
             if a.dry_run:
                 print(json.dumps(request, indent=2, default=str))
             else:
-                print(f"started {request['TrainingJobName']}\n  follow: python -m launch.sagemaker.launcher logs "
-                      f"{request['TrainingJobName']}")
+                run = request["Environment"][RUN_NAME_ENV]
+                print(f"started {request['TrainingJobName']}, run {run} (checkpoints in <log channel>/{run} on EFS)\n"
+                      f"  follow:   python -m launch.sagemaker.launcher logs {request['TrainingJobName']}\n"
+                      f"  continue: python -m launch.sagemaker.launcher start --run-name {run} ...")
         elif a.command == "describe":
             print(json.dumps(describe_job(a.job, session), indent=2, default=str))
         elif a.command == "stop":

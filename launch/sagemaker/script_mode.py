@@ -13,7 +13,8 @@ digits are the ``training`` channel (SM_CHANNEL_TRAINING).
   there plus the chief (first instance) or a worker (the others), each with its own TF_CONFIG.
   Needs at least 2 instances.
 - ``horovod``: ModelTrainer's MPI driver runs ``mpirun`` over all instances,
-  ``--processes-per-host`` ranks each.
+  ``--processes-per-host`` ranks each. Every instance first runs ``script_mode/sagemaker_mpi.py``,
+  which installs the job's SSH keys (made here, staged with the code) and then starts that driver.
 
 The image is the project's training image (the stack's TrainingImageUri: the same TensorFlow,
 tf-keras and Horovod-with-MPI versions as constraints.txt, and the role may pull it).
@@ -39,7 +40,9 @@ from typing import Any
 import boto3
 
 from infra import outputs
-from launch.aws import LaunchError, make_session, require_output, stack_outputs, training_networking
+from launch.aws import (LaunchError, make_session, require_output, stack_outputs, stack_role_trusted,
+                        training_networking)
+from script_mode import sagemaker_mpi
 
 STRATEGIES = ("ps", "horovod")
 # CPU instance families this example is meant for (seed 003 trains on CPU instances).
@@ -48,6 +51,7 @@ DEFAULT_INSTANCE_TYPE = "ml.c5.xlarge"
 TF_VERSION = "2.18"                      # constraints.txt's tensorflow major.minor
 PY_VERSION = "py310"
 ENTRY_SCRIPTS = {"ps": "script_mode/sagemaker_ps.py", "horovod": "script_mode/train.py"}
+MPI_ENTRY = "script_mode/sagemaker_mpi.py"  # horovod: every instance's command, before the SDK's MPI driver
 PACKAGE_DIR = Path(__file__).resolve().parents[2] / "script_mode"
 OUTPUT_PREFIX = "script-mode"
 
@@ -148,32 +152,41 @@ def build_trainer(session: boto3.session.Session, job: ScriptModeJob, code_dir: 
     subnets, security_group = training_networking(stack, job.stack)
     image = training_image(job, session, stack)
 
-    distributed = None
-    if job.strategy == "horovod":
-        # mpirun forwards only the variables named with -x; the script needs Keras 2.
-        distributed = MPI(process_count_per_node=job.processes_per_host,
-                          mpi_additional_options=["-x", "TF_USE_LEGACY_KERAS"])
+    distributed, command = None, None
     stage_code(code_dir)
+    if job.strategy == "horovod":
+        distributed = MPI(process_count_per_node=job.processes_per_host, mpi_additional_options=[
+            # mpirun forwards only the variables named with -x; the script needs Keras 2.
+            "-x", "TF_USE_LEGACY_KERAS",
+            # The SDK's driver passes the per-instance count as mpirun's -np, which would start
+            # that many ranks in all (on the first instance); the last -np wins.
+            "-np", str(job.instance_count * job.processes_per_host)])
+        # The driver needs SSH between the instances and the image has no keys: this command
+        # installs the job's own (staged with the code) and then runs the driver.
+        sagemaker_mpi.write_job_keys(code_dir)
+        command = f"python {MPI_ENTRY}"
     name = job.base_job_name or f"script-mode-{job.strategy}"
-    trainer = ModelTrainer(
-        # The stack's bucket holds the uploaded code and data, as well as the model output.
-        sagemaker_session=Session(boto_session=session, default_bucket=bucket,
-                                  default_bucket_prefix=OUTPUT_PREFIX),
-        role=role,
-        training_image=image,
-        base_job_name=name,
-        source_code=SourceCode(source_dir=str(code_dir), entry_script=ENTRY_SCRIPTS[job.strategy]),
-        distributed=distributed,
-        compute=Compute(instance_type=job.instance_type, instance_count=job.instance_count,
-                        volume_size_in_gb=job.volume_size_gb),
-        networking=Networking(subnets=subnets, security_group_ids=[security_group]),
-        stopping_condition=StoppingCondition(max_runtime_in_seconds=job.max_run_seconds),
-        output_data_config=OutputDataConfig(s3_output_path=f"s3://{bucket}/{OUTPUT_PREFIX}/output"),
-        hyperparameters={"strategy": job.strategy,
-                         **{k: str(v) for k, v in job.hyperparameters.items()}},
-        environment={"TF_USE_LEGACY_KERAS": "1"},
-        input_data_config=[InputData(channel_name="training", data_source=_data_source(job))],
-    )
+    with stack_role_trusted():
+        trainer = ModelTrainer(
+            # The stack's bucket holds the uploaded code and data, as well as the model output.
+            sagemaker_session=Session(boto_session=session, default_bucket=bucket,
+                                      default_bucket_prefix=OUTPUT_PREFIX),
+            role=role,
+            training_image=image,
+            base_job_name=name,
+            source_code=SourceCode(source_dir=str(code_dir), entry_script=ENTRY_SCRIPTS[job.strategy],
+                                   command=command),
+            distributed=distributed,
+            compute=Compute(instance_type=job.instance_type, instance_count=job.instance_count,
+                            volume_size_in_gb=job.volume_size_gb),
+            networking=Networking(subnets=subnets, security_group_ids=[security_group]),
+            stopping_condition=StoppingCondition(max_runtime_in_seconds=job.max_run_seconds),
+            output_data_config=OutputDataConfig(s3_output_path=f"s3://{bucket}/{OUTPUT_PREFIX}/output"),
+            hyperparameters={"strategy": job.strategy,
+                             **{k: str(v) for k, v in job.hyperparameters.items()}},
+            environment={"TF_USE_LEGACY_KERAS": "1"},
+            input_data_config=[InputData(channel_name="training", data_source=_data_source(job))],
+        )
     return trainer
 
 

@@ -1,5 +1,7 @@
 """The SageMaker launcher against a moto server: the CreateTrainingJob request that reaches it."""
 import json
+import os
+import re
 
 import boto3
 import botocore.exceptions
@@ -46,11 +48,14 @@ def test_start_sends_the_full_request(sagemaker_env):
     }
     assert "EnableManagedSpotTraining" not in body or body["EnableManagedSpotTraining"] is False
     assert "CheckpointConfig" not in body
+    assert re.fullmatch(r"maskrcnn-\d{8}-\d{6}-[0-9a-f]{4}", body["Environment"][launcher.RUN_NAME_ENV])
     # moto recorded the job: describe works through the companion command.
     assert launcher.describe_job(body["TrainingJobName"], session)["TrainingJobName"] == body["TrainingJobName"]
 
 
-def test_spot_adds_checkpoints_and_max_wait(sagemaker_env):
+def test_spot_resumes_from_the_run_directory_on_efs(sagemaker_env):
+    """The entry keeps checkpoints in <log channel>/<run name> on EFS: a CheckpointConfig would sync
+    /opt/ml/checkpoints, which stays empty, so a spot job carries none; its restart keeps the run name."""
     session = boto3.session.Session()
     deploy_stack(session)
     sent = capture_requests(session)
@@ -58,12 +63,53 @@ def test_spot_adds_checkpoints_and_max_wait(sagemaker_env):
     body = sent[0]
     assert body["EnableManagedSpotTraining"] is True
     assert body["StoppingCondition"] == {"MaxRuntimeInSeconds": 3600, "MaxWaitTimeInSeconds": 7200}
-    assert body["CheckpointConfig"] == {"S3Uri": "s3://maskrcnn-data-bucket/maskrcnn/checkpoints/coco-24ep",
-                                        "LocalPath": "/opt/ml/checkpoints"}
+    assert "CheckpointConfig" not in body
     assert body["Environment"] == {launcher.RUN_NAME_ENV: "coco-24ep"}
+    log = [c for c in body["InputDataConfig"] if c["ChannelName"] == "log"][0]
+    assert log["DataSource"]["FileSystemDataSource"]["FileSystemAccessMode"] == "rw"
     # Defaults where neither the user nor the stack says otherwise.
     assert body["ResourceConfig"] == {"InstanceType": launcher.DEFAULT_INSTANCE_TYPE, "InstanceCount": 1,
                                       "VolumeSizeInGB": 100}
+
+
+def test_every_new_job_gets_its_own_run_and_only_a_named_run_is_continued(sagemaker_env, capsys):
+    """A new experiment must never pick up an earlier one's checkpoints: without --run-name every job
+    gets a run name (its checkpoint directory) no other job has; --run-name continues that run."""
+    session = boto3.session.Session()
+    deploy_stack(session)
+    requests = [launcher.start_job(JobSpec(spot=True), session=session, dry_run=True) for _ in range(2)]
+    first, second = (r["Environment"][launcher.RUN_NAME_ENV] for r in requests)
+    assert first != second and first.startswith("maskrcnn-") and second.startswith("maskrcnn-")
+    assert all("CheckpointConfig" not in r for r in requests)
+    again = launcher.start_job(JobSpec(run_name=first), session=session, dry_run=True)
+    assert again["Environment"] == {launcher.RUN_NAME_ENV: first}
+    assert launcher.main(["start", "--run-name", first]) == 0   # the CLI says how to continue a run
+    assert f"--run-name {first}" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name", ["../other", "a/b", ".hidden", "x" * 101])
+def test_a_run_name_that_is_not_a_directory_name_is_refused(sagemaker_env, name):
+    session = boto3.session.Session()
+    deploy_stack(session)
+    with pytest.raises(LaunchError, match="run name"):
+        launcher.start_job(JobSpec(run_name=name), session=session, dry_run=True)
+
+
+def test_the_sdks_role_check_does_not_stop_the_launcher(sagemaker_env, monkeypatch, capsys):
+    """ModelTrainer checks the role with iam:SimulatePrincipalPolicy when the SDK switch is on (its
+    default): for a caller allowed to simulate, a scoped role can fail that check (and moto, which has
+    no such API, answers it with an error). The launcher uses the stack's own role, unchecked."""
+    monkeypatch.delenv("SAGEMAKER_VALIDATE_ROLE")
+    session = boto3.session.Session()
+    deploy_stack(session)
+    simulated = []
+    session.events.register("before-send.iam.SimulatePrincipalPolicy",
+                            lambda request, **kw: simulated.append(request.body))
+    assert launcher.main(["start", "--dry-run"]) == 0
+    assert json.loads(capsys.readouterr().out)["RoleArn"] == STACK_OUTPUTS[outputs.TRAINING_ROLE_ARN]
+    launcher.start_job(JobSpec(), session=session, dry_run=True)
+    assert simulated == []
+    assert "SAGEMAKER_VALIDATE_ROLE" not in os.environ  # the switch is only flipped while building
 
 
 def test_dry_run_prints_the_request_and_sends_nothing(sagemaker_env, capsys):

@@ -1,6 +1,8 @@
 """launch/sagemaker/script_mode.py against a moto server: the CreateTrainingJob request that
 reaches it, and the code/driver files ModelTrainer staged in the stack's bucket."""
 import json
+import tempfile
+from pathlib import Path
 
 import boto3
 import pytest
@@ -85,9 +87,17 @@ def test_horovod_job(stack, tmp_path):
     assert body["AlgorithmSpecification"]["TrainingImage"] == STACK_OUTPUTS[outputs.TRAINING_IMAGE_URI]
     drivers = _staged(session, channels["sm_drivers"])
     assert json.loads(drivers["sourcecode.json"])["entry_script"] == "script_mode/train.py"
+    # -np is the job's rank count (2 instances x 2), not the SDK driver's per-instance count.
     assert json.loads(drivers["distributed.json"]) == {
-        "process_count_per_node": 2, "mpi_additional_options": ["-x", "TF_USE_LEGACY_KERAS"]}
-    assert b"mpi_driver.py" in drivers["sm_train.sh"]
+        "process_count_per_node": 2, "mpi_additional_options": ["-x", "TF_USE_LEGACY_KERAS", "-np", "4"]}
+    # Every instance runs the wrapper, which installs the job's SSH keys and then the SDK's driver.
+    assert b"python script_mode/sagemaker_mpi.py" in drivers["sm_train.sh"]
+    assert "distributed_drivers/mpi_driver.py" in drivers
+    code = _staged(session, channels["code"])
+    keys = {k for k in code if k.startswith("job_ssh/")}
+    assert keys == {"job_ssh/id_ed25519", "job_ssh/id_ed25519.pub", "job_ssh/ssh_host_ed25519_key",
+                    "job_ssh/ssh_host_ed25519_key.pub"}
+    assert code["job_ssh/id_ed25519"].startswith(b"-----BEGIN OPENSSH PRIVATE KEY-----")
 
 
 def test_image_override(stack, tmp_path):
@@ -132,3 +142,17 @@ def test_dry_run_prints_the_request_and_creates_no_job(stack, tmp_path, capsys):
     assert request["ResourceConfig"]["InstanceCount"] == 3
     assert request["HyperParameters"] == {"strategy": "horovod"}
     assert stack.client("sagemaker").list_training_jobs()["TrainingJobSummaries"] == []
+
+
+def test_the_sdks_role_check_does_not_stop_the_launcher(stack, tmp_path, monkeypatch, capsys):
+    """With the SDK's role check on (its default), building the trainer would simulate the stack's
+    scoped role (iam:SimulatePrincipalPolicy; moto has no such API and errors): the launcher skips it."""
+    monkeypatch.delenv("SAGEMAKER_VALIDATE_ROLE")
+    simulated = []
+    stack.events.register("before-send.iam.SimulatePrincipalPolicy",
+                          lambda request, **kw: simulated.append(request.body))
+    assert launcher.main(["--strategy", "ps", "--dry-run", "--data", str(tmp_path / "data")]) == 0
+    assert json.loads(capsys.readouterr().out)["RoleArn"] == STACK_OUTPUTS[outputs.TRAINING_ROLE_ARN]
+    with tempfile.TemporaryDirectory() as code_dir:
+        launcher.build_trainer(stack, ScriptModeJob(strategy="ps", data=str(tmp_path / "data")), Path(code_dir))
+    assert simulated == []
