@@ -157,6 +157,8 @@ def cluster(emulated_hosts, tmp_path):
     _readdress(master, ips["master"][0])
     for host, ip in zip((hosts["worker-1"], hosts["worker-2"]), ips["worker"]):
         _readdress(host, ip)
+    for host in hosts:  # each name resolves to its new address, as a node's own name does in the VPC
+        host.path("/etc/hosts").write_text(hosts.etc_hosts())
 
     key_dir = tmp_path / "cluster-key"
     key_dir.mkdir()
