@@ -2,23 +2,47 @@
 repository. Synth never runs Docker: it copies the build context into cdk.out."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+from aws_cdk import IgnoreMode
 from aws_cdk import aws_ecr_assets as ecr_assets
 from aws_cdk import aws_iam as iam
 from constructs import Construct
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = "docker/Dockerfile"
+# Never part of the image, even inside a copied folder.
+_ALWAYS_EXCLUDED = ("**/__pycache__", "**/*.pyc", "**/.pytest_cache")
 
-# The build context is the repository root, so the Dockerfile can COPY constraints.txt (the one
-# place with versions), training/ and launch/. Everything below is left out of the context: it is
-# either large (virtual env, node_modules, data), generated, or irrelevant to the image, and
-# leaving it out keeps the asset hash (the image tag) from changing when it changes.
-BUILD_CONTEXT_EXCLUDES = (
-    ".venv", "node_modules", "cdk.out", ".git", ".pytest_cache", "tests", "data", "runs",
-    "bench", "docs", "notebooks", "*.md", "*.egg-info", "**/__pycache__", "**/*.pyc",
-)
+
+def dockerfile_copy_sources(dockerfile: Path) -> tuple[str, ...]:
+    """The build-context paths that the Dockerfile's COPY and ADD instructions read (copies from
+    other build stages, `--from=...`, read no context)."""
+    sources: list[str] = []
+    for line in dockerfile.read_text().replace("\\\n", " ").splitlines():
+        words = line.split()
+        if not words or words[0].upper() not in ("COPY", "ADD"):
+            continue
+        if any(w.startswith("--from") for w in words):
+            continue
+        args = [w for w in words[1:] if not w.startswith("--")]
+        if args and args[0].startswith("["):        # exec form: COPY ["src", ..., "dest"]
+            args = json.loads(" ".join(args))
+        sources += args[:-1]
+    return tuple(dict.fromkeys(s.rstrip("/") for s in sources))
+
+
+def build_context_excludes(directory: Path, file: str) -> list[str]:
+    """Everything but the Dockerfile and what it copies, in .dockerignore syntax.
+
+    The asset hash (the image tag) is the hash of the staged context, and the tag is written into
+    the nodes' user data: a context of "the repository minus a list" changed the tag whenever
+    infra/ or a README changed, and a replacement node then pulled an image whose code no longer
+    matched the running nodes'. Derived from the Dockerfile, the context cannot drift from it.
+    """
+    keep = (file, *dockerfile_copy_sources(directory / file))
+    return ["*", *(f"!{path}" for path in keep), *_ALWAYS_EXCLUDED]
 
 
 class TrainingImage(Construct):
@@ -33,7 +57,8 @@ class TrainingImage(Construct):
             self, "Asset",
             directory=str(directory),
             file=file,
-            exclude=list(BUILD_CONTEXT_EXCLUDES),
+            exclude=build_context_excludes(directory, file),
+            ignore_mode=IgnoreMode.DOCKER,
             platform=ecr_assets.Platform.LINUX_AMD64,
         )
         self.image_uri: str = self.asset.image_uri

@@ -11,9 +11,9 @@ import pytest
 from aws_cdk.assertions import Match
 
 from infra import outputs
-from infra.constructs.training_image import BUILD_CONTEXT_EXCLUDES
+from infra.constructs.training_image import dockerfile_copy_sources
 
-from cdk_synth import VARIANT_CONTEXT, cdk_json_context
+from cdk_synth import REPO_ROOT, VARIANT_CONTEXT, cdk_json_context
 
 SHARED = outputs.NETWORK_STORAGE_STACK
 CLUSTER = outputs.EFS_CLUSTER_STACK
@@ -186,7 +186,43 @@ def test_both_stacks_share_one_image_tag(default_synth):
     tags = {default_synth.templates[s]["Outputs"][outputs.TRAINING_IMAGE_URI]["Value"]["Fn::Sub"]
             for s in (CLUSTER, SAGEMAKER)}
     assert len(tags) == 1
-    assert "bench" in BUILD_CONTEXT_EXCLUDES
+
+
+def test_image_tag_depends_only_on_what_the_dockerfile_copies(tmp_path):
+    """The tag is in every node's user data: if editing infra/ or a README changed it, a
+    replacement node would pull an image whose code differs from the running nodes'."""
+    import shutil
+
+    import aws_cdk as cdk
+
+    from infra.constructs.training_image import DOCKERFILE, TrainingImage
+
+    def tag(directory):
+        stack = cdk.Stack(cdk.App(context=cdk_json_context()), "ImageOnly")
+        return TrainingImage(stack, "Image", directory=directory).asset.asset_hash
+
+    repo = tmp_path / "repo"
+    copied = dockerfile_copy_sources(REPO_ROOT / DOCKERFILE)
+    assert {"training", "launch", "constraints.txt", "docker/entrypoint.sh"} <= set(copied)
+    for relative in (DOCKERFILE, *copied, "README.md", "infra/constructs/cluster.py",
+                     "infra/userdata/cluster_node.sh", "docs/infra.md", "notebooks"):
+        source, target = REPO_ROOT / relative, repo / relative
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if source.is_dir():
+            shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(source, target)
+    original = tag(repo)
+    assert original == tag(REPO_ROOT)   # nothing else in the repository counts
+    for relative in ("README.md", "infra/constructs/cluster.py", "infra/userdata/cluster_node.sh",
+                     "docs/infra.md"):
+        with (repo / relative).open("a") as file:
+            file.write("\n# edited\n")
+    (repo / "infra" / "new_module.py").write_text("x = 1\n")
+    assert tag(repo) == original
+    with (repo / "training" / "__init__.py").open("a") as file:
+        file.write("\n# edited\n")
+    assert tag(repo) != original
 
 
 # --- IAM across the app ---------------------------------------------------------------------------
