@@ -132,6 +132,9 @@ def main(argv=None) -> int:
         load_model = resolve_weights(cfg.TRAIN.LOAD_MODEL, cfg.DATA.BASEDIR, "TRAIN.LOAD_MODEL (load_model)")
         backbone_weights = resolve_weights(cfg.BACKBONE.WEIGHTS, cfg.DATA.BASEDIR,
                                            "BACKBONE.WEIGHTS (backbone_weights)")
+        if backbone_weights.endswith(".npz"):  # every backbone variable, right norm, or stop here
+            from training.model.weights import check_weights_file
+            check_weights_file(backbone_weights, cfg)
     except (ConfigError, DatasetError) as err:
         print(f"error: {err}", file=sys.stderr, flush=True)
         return 2
@@ -164,7 +167,11 @@ def main(argv=None) -> int:
         session_init = pretrained_init(load_model)
     elif backbone_weights:
         print(f"backbone weights from {backbone_weights}", flush=True)
-        session_init = pretrained_init(backbone_weights)
+        if backbone_weights.endswith(".npz"):
+            from training.model.weights import strict_backbone_init
+            session_init = strict_backbone_init(backbone_weights, norm=cfg.BACKBONE.NORM)
+        else:
+            session_init = pretrained_init(backbone_weights)
     else:
         session_init = None
 

@@ -71,9 +71,9 @@ def _frozen_variables(frozen: bool):
         yield
         return
 
-    def getter(getter_fn, *args, **kwargs):
+    def getter(getter, *args, **kwargs):  # TF passes the next getter as the keyword "getter"
         kwargs["trainable"] = False
-        return getter_fn(*args, **kwargs)
+        return getter(*args, **kwargs)
 
     with tf1.variable_scope(tf1.get_variable_scope(), custom_getter=getter):
         yield

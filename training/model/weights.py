@@ -1,0 +1,186 @@
+"""Backbone weights from tensorpack's ImageNet ``.npz`` files, restored strictly.
+
+tensorpack's ``ImageNet-R50-AlignPadding.npz`` / ``ImageNet-R101-AlignPadding.npz`` hold, for every
+convolution of the ResNet (``conv0``, ``group{s}/block{b}/conv{1,2,3}``, ``.../convshortcut``), its
+kernel ``W`` and its BatchNorm ``bn/gamma``, ``bn/beta``, ``bn/mean/EMA``, ``bn/variance/EMA``
+(backbone.py uses the same names). A loader that skips what does not match (tensorpack's
+``SmartInit`` only warns) trains a partly random backbone without anyone noticing, so here:
+
+* every backbone variable of the model must be in the file with the same shape;
+* every backbone entry of the file must be used (a ResNet-101 file for a ResNet-50 model is
+  an error, not 33 silently dropped blocks);
+* the file's normalisation must fit ``BACKBONE.NORM``: BatchNorm statistics need FreezeBN or
+  SyncBN. GN or no normalisation would drop the statistics and leave the frozen stages wrong.
+
+Anything else in the file (an ImageNet classifier, a step counter) is reported and not loaded.
+A violation is a :class:`WeightsError` that names the variable and the fix.
+"""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from training.config import ConfigError
+
+# A backbone variable: the stem, or a block's conv, with its kernel/bias or its norm's parameters.
+BACKBONE_VARIABLE = re.compile(
+    r"^(conv0|group\d+/block\d+/(conv\d|convshortcut))/(W|b|(bn|gn)/(gamma|beta|mean/EMA|variance/EMA))$")
+# Which BACKBONE.NORM values each kind of weights fits, and which published files fit each norm.
+NORMS_FOR_KIND = {"BatchNorm": ("FreezeBN", "SyncBN"), "GroupNorm": ("GN",), "no normalisation": ("None",)}
+WEIGHTS_FOR_NORM = {
+    "FreezeBN": "tensorpack's ImageNet-R50-AlignPadding.npz or ImageNet-R101-AlignPadding.npz",
+    "SyncBN": "tensorpack's ImageNet-R50-AlignPadding.npz or ImageNet-R101-AlignPadding.npz",
+    "GN": "GroupNorm weights such as tensorpack's ImageNet-R50-GroupNorm32-AlignPadding.npz",
+    "None": "no published ImageNet weights: train it from scratch (BACKBONE.WEIGHTS='')",
+}
+
+
+class WeightsError(ConfigError):
+    """Backbone weights do not fit the model; the message names the variable and the fix."""
+
+
+def backbone_variable_shapes(*, num_blocks, width: int = 64, block: str = "bottleneck",
+                             norm: str = "FreezeBN") -> dict[str, tuple]:
+    """Names and shapes of a ResNet backbone's variables, in tensorpack's naming.
+
+    With the defaults and ``num_blocks=[3, 4, 6, 3]`` (``[3, 4, 23, 3]``) these are exactly the
+    265 (520) entries of ``ImageNet-R50-AlignPadding.npz`` (``-R101-``).
+    """
+    out: dict[str, tuple] = {}
+
+    def conv(name, k, cin, cout):
+        out[f"{name}/W"] = (k, k, cin, cout)
+        if norm == "None":
+            out[f"{name}/b"] = (cout,)
+        elif norm == "GN":
+            out.update({f"{name}/gn/gamma": (cout,), f"{name}/gn/beta": (cout,)})
+        else:
+            out.update({f"{name}/bn/{p}": (cout,) for p in ("gamma", "beta", "mean/EMA", "variance/EMA")})
+
+    conv("conv0", 7, 3, width)
+    cin = width
+    mult = 4 if block == "bottleneck" else 1
+    for stage, blocks in enumerate(num_blocks):
+        ch = width * 2 ** stage
+        for b in range(blocks):
+            prefix = f"group{stage}/block{b}"
+            if block == "bottleneck":
+                conv(f"{prefix}/conv1", 1, cin, ch)
+                conv(f"{prefix}/conv2", 3, ch, ch)
+                conv(f"{prefix}/conv3", 1, ch, ch * mult)
+            else:
+                conv(f"{prefix}/conv1", 3, cin, ch)
+                conv(f"{prefix}/conv2", 3, ch, ch)
+            if b == 0 and (cin != ch * mult or stage > 0):
+                conv(f"{prefix}/convshortcut", 1, cin, ch * mult)
+            cin = ch * mult
+    return out
+
+
+def write_random_npz(path, shapes: dict[str, tuple], *, seed: int = 0) -> dict[str, np.ndarray]:
+    """An ``.npz`` of float32 random values with these names and shapes (a stand-in for the
+    published files in tests: same names, same shapes, other numbers). Variances are positive."""
+    rng = np.random.default_rng(seed)
+    values = {}
+    for name, shape in shapes.items():
+        if name.endswith("variance/EMA"):
+            values[name] = rng.uniform(0.5, 2.0, size=shape).astype(np.float32)
+        elif name.endswith("/W"):
+            fan_in = int(np.prod(shape[:-1]))
+            values[name] = (rng.normal(size=shape) * np.sqrt(2.0 / fan_in)).astype(np.float32)
+        else:
+            values[name] = rng.normal(scale=0.1, size=shape).astype(np.float32) + (name.endswith("gamma") * 1.0)
+    np.savez(path, **values)
+    return values
+
+
+def norm_kind(names) -> str:
+    """What normalisation a weights file was trained with, from its variable names."""
+    names = list(names)
+    if any("/bn/" in n for n in names):
+        return "BatchNorm"
+    if any("/gn/" in n for n in names):
+        return "GroupNorm"
+    return "no normalisation"
+
+
+def check_norm(names, *, norm: str, path: str) -> None:
+    """Refuse weights whose normalisation the configured ``BACKBONE.NORM`` cannot use."""
+    kind = norm_kind(n for n in names if BACKBONE_VARIABLE.match(n))
+    if norm not in NORMS_FOR_KIND[kind]:
+        fits = " or ".join(NORMS_FOR_KIND[kind])
+        raise WeightsError(
+            f"BACKBONE.WEIGHTS {path} holds a backbone trained with {kind}, which fits BACKBONE.NORM={fits}, "
+            f"not BACKBONE.NORM={norm}: it would drop or misuse its normalisation parameters and train a damaged "
+            f"network. Set BACKBONE.NORM={NORMS_FOR_KIND[kind][0]}, or for {norm} use {WEIGHTS_FOR_NORM[norm]}.")
+
+
+def plan_restore(file_shapes: dict[str, tuple], model_shapes: dict[str, tuple], *, norm: str,
+                 path: str) -> tuple[list[str], list[str]]:
+    """``(names to restore, names in the file not loaded)``; raises :class:`WeightsError` when a
+    backbone variable of the model is missing or misshapen in the file, or a backbone entry of the
+    file has no variable in the model."""
+    check_norm(file_shapes, norm=norm, path=path)
+    model_backbone = {n: s for n, s in model_shapes.items() if BACKBONE_VARIABLE.match(n)}
+    missing = sorted(n for n in model_backbone if n not in file_shapes)
+    if missing:
+        raise WeightsError(f"BACKBONE.WEIGHTS {path} has no {missing[0]!r}"
+                           + (f" (nor {len(missing) - 1} more backbone variables)" if len(missing) > 1 else "")
+                           + ": it is not a backbone of this model's depth and width "
+                           "(BACKBONE.RESNET_NUM_BLOCKS, BACKBONE.WIDTH, BACKBONE.BLOCK)")
+    for name, shape in sorted(model_backbone.items()):
+        if tuple(file_shapes[name]) != tuple(shape):
+            raise WeightsError(f"BACKBONE.WEIGHTS {path}: {name!r} has shape {tuple(file_shapes[name])} in the file "
+                               f"but {tuple(shape)} in the model (BACKBONE.WIDTH / BACKBONE.BLOCK differ)")
+    unused = sorted(n for n in file_shapes if BACKBONE_VARIABLE.match(n) and n not in model_backbone)
+    if unused:
+        raise WeightsError(f"BACKBONE.WEIGHTS {path} has {unused[0]!r}"
+                           + (f" and {len(unused) - 1} more backbone entries" if len(unused) > 1 else "")
+                           + " that this model has no variable for: a deeper ResNet? "
+                           "(BACKBONE.RESNET_NUM_BLOCKS: [3, 4, 6, 3] = R50, [3, 4, 23, 3] = R101)")
+    ignored = sorted(n for n in file_shapes if not BACKBONE_VARIABLE.match(n))
+    return sorted(model_backbone), ignored
+
+
+def npz_shapes(path: str) -> dict[str, tuple]:
+    with np.load(path) as f:
+        return {k: tuple(f[k].shape) for k in f.files}
+
+
+def check_weights_file(path: str, cfg) -> None:
+    """Before building anything: the file's backbone must be exactly the configured one."""
+    b = cfg.BACKBONE
+    expected = backbone_variable_shapes(num_blocks=b.RESNET_NUM_BLOCKS, width=b.WIDTH, block=b.BLOCK, norm=b.NORM)
+    plan_restore(npz_shapes(path), expected, norm=b.NORM, path=path)
+
+
+def strict_backbone_init(path: str, *, norm: str):
+    """A tensorpack ``SessionInit`` that restores every backbone variable of the built graph from
+    ``path`` (see :func:`plan_restore`), or raises :class:`WeightsError` before the session starts."""
+    from tensorpack.tfutils.sessinit import SessionInit
+
+    from training.compat import tf, tf1
+
+    class StrictBackboneInit(SessionInit):
+        def _setup_graph(self):
+            variables = {v.op.name: v for v in tf1.global_variables()}
+            names, ignored = plan_restore(npz_shapes(path), {n: tuple(v.shape) for n, v in variables.items()},
+                                          norm=norm, path=path)
+            self.restored, self.ignored = names, ignored
+            self._feeds = []
+            self._assigns = []
+            with tf.name_scope("backbone_weights"):
+                for name in names:
+                    var = variables[name]
+                    value = tf1.placeholder(var.dtype.base_dtype, var.shape)
+                    self._feeds.append((name, value))
+                    self._assigns.append(tf1.assign(var, value))
+
+        def _run_init(self, sess):
+            with np.load(path) as f:
+                sess.run(self._assigns, {ph: f[name] for name, ph in self._feeds})
+            print(f"backbone weights: restored all {len(self.restored)} backbone variables from {path}"
+                  + (f"; not loaded (not backbone): {', '.join(self.ignored)}" if self.ignored else ""), flush=True)
+
+    return StrictBackboneInit()
