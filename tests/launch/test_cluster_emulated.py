@@ -76,12 +76,14 @@ def _readdress(host, address: str) -> None:
 
 
 def _install_node(host, *, role: str, key_dir: Path) -> None:
-    """/etc/maskrcnn as the boot script leaves it: cluster.env, the cluster key, authorized_keys."""
+    """/etc/maskrcnn as the boot script leaves it: cluster.env (with the node's PRIVATE_IP, where
+    sshd listens), the cluster key, authorized_keys."""
     etc = host.path("/etc/maskrcnn")
     etc.mkdir(parents=True, exist_ok=True)
     (etc / "cluster.env").write_text(
         f"STACK_NAME=EmulatedCluster\nAWS_REGION=us-east-1\nMASTER_ASG_NAME={GROUPS['master'][0]}\n"
-        f"WORKER_ASG_NAME={GROUPS['worker'][0]}\nEFS_MOUNT=/efs\nSSH_PORT=2222\nVPC_CIDR={VPC_CIDR}\nROLE={role}\n")
+        f"WORKER_ASG_NAME={GROUPS['worker'][0]}\nEFS_MOUNT=/efs\nSSH_PORT=2222\nVPC_CIDR={VPC_CIDR}\nROLE={role}\n"
+        f"PRIVATE_IP={host.address}\n")
     ssh = etc / "ssh"
     ssh.mkdir(mode=0o700, exist_ok=True)
     private, public = (key_dir / "id_ed25519").read_bytes(), (key_dir / "id_ed25519.pub").read_text().strip()
@@ -97,7 +99,7 @@ def _start_node(host):
     """The node's container: the image's entry `cluster-node` (sshd on 2222), up once it accepts."""
     proc = host.popen(["bash", str(ENTRYPOINT), "cluster-node"], env=_host_env(),
                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    probe = "import socket, sys; socket.create_connection(('127.0.0.1', 2222), timeout=1)"
+    probe = f"import socket; socket.create_connection(('{host.address}', 2222), timeout=1)"
     deadline = time.time() + 30
     while host.run([sys.executable, "-c", probe]).returncode != 0:
         assert proc.poll() is None, f"cluster-node on {host.name} exited with {proc.returncode}"
