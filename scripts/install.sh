@@ -4,6 +4,19 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# System packages: Open MPI (mpirun, and the headers Horovod's MPI build and mpi4py need), OpenSSH
+# and iproute2 (the multi-host tests emulate hosts with namespaces, sshd and mpirun; tests/emulated_hosts.py).
+DEB_PACKAGES=(iproute2 openssh-server openssh-client openmpi-bin libopenmpi-dev)
+if ! { command -v ip && command -v ssh && [ -x /usr/sbin/sshd ] && command -v mpirun && command -v mpicc; } >/dev/null; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${DEB_PACKAGES[@]}" >/dev/null
+  else
+    echo "install.sh: needs Open MPI, OpenSSH and iproute2; on Debian/Ubuntu: sudo apt-get install ${DEB_PACKAGES[*]}" >&2
+    exit 1
+  fi
+fi
+
 PYTHON=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
@@ -14,10 +27,16 @@ $PIP install --quiet -r requirements.txt
 # tf-keras without its dependencies: otherwise pip pulls the full `tensorflow` wheel over tensorflow-cpu.
 $PIP install --quiet --no-deps -c constraints.txt tf-keras
 # Horovod compiles against the installed TensorFlow, so it comes last and without build isolation.
-if ! .venv/bin/python -c "import horovod.tensorflow" 2>/dev/null; then
-  HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
+# With Gloo (horovodrun on one host) and MPI (mpirun across hosts, as the image's SageMaker runner uses).
+# Built without pip's wheel cache, which keys on the version and would hand back a build with other
+# HOROVOD_* options; built to a wheel first so a shared venv lacks Horovod for seconds, not minutes.
+if ! .venv/bin/python -c "import horovod.tensorflow as h; assert h.mpi_built() and h.gloo_built()" 2>/dev/null; then
+  wheels=$(mktemp -d)
+  HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITH_MPI=1 \
   HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 MAKEFLAGS="-j$(nproc)" \
-    $PIP install --quiet --no-build-isolation -c constraints.txt horovod
+    $PIP wheel --quiet --no-deps --no-build-isolation --no-cache-dir -c constraints.txt -w "$wheels" horovod
+  $PIP install --quiet --force-reinstall --no-deps "$wheels"/horovod-*.whl
+  rm -rf "$wheels"
 fi
 $PIP install --quiet --no-deps -e .
 
