@@ -23,12 +23,14 @@ _IMDS_V2_ONLY = sagemaker.CfnNotebookInstance.InstanceMetadataServiceConfigurati
 
 class Notebook(Construct):
     """A notebook instance whose role may run training jobs with `training_role` and nothing
-    broader: create, describe, stop and list training jobs, read their logs, read this stack's
-    outputs, and pass only the training role, only to SageMaker."""
+    broader: create training jobs only in `training_subnets` with `training_security_group`,
+    describe, stop and list them, read their logs, read this stack's outputs, and pass only the
+    training role, only to SageMaker."""
 
     def __init__(self, scope: Construct, id: str, *, vpc: ec2.IVpc, subnet: ec2.ISubnet,
                  instance_type: str, volume_size_gib: int, file_system_id: str,
-                 training_role: iam.IRole) -> None:
+                 training_role: iam.IRole, training_subnets: list[ec2.ISubnet],
+                 training_security_group: ec2.ISecurityGroup) -> None:
         super().__init__(scope, id)
         stack = Stack.of(self)
 
@@ -46,10 +48,24 @@ class Notebook(Construct):
             assumed_by=iam.ServicePrincipal("sagemaker.amazonaws.com"))
         training_job_arn = stack.format_arn(service="sagemaker", resource="training-job",
                                             resource_name="*")
+        # Jobs only in this stack's private subnets with its training group: a job outside them
+        # (or with no VPC) would not reach the EFS and would bypass the network controls. The
+        # Null condition makes the VPC mandatory (ForAllValues alone holds for a missing key).
         self.role.add_to_policy(iam.PolicyStatement(
-            sid="RunTrainingJobs",
-            actions=["sagemaker:CreateTrainingJob", "sagemaker:DescribeTrainingJob",
-                     "sagemaker:StopTrainingJob", "sagemaker:AddTags"],
+            sid="CreateTrainingJobsInTheStackVpc", actions=["sagemaker:CreateTrainingJob"],
+            resources=[training_job_arn],
+            conditions={
+                "ForAllValues:StringEquals": {
+                    "sagemaker:VpcSubnets": [s.subnet_id for s in training_subnets],
+                    "sagemaker:VpcSecurityGroupIds": [training_security_group.security_group_id],
+                },
+                "Null": {"sagemaker:VpcSubnets": "false",
+                         "sagemaker:VpcSecurityGroupIds": "false"},
+            }))
+        self.role.add_to_policy(iam.PolicyStatement(
+            sid="ManageTrainingJobs",
+            actions=["sagemaker:DescribeTrainingJob", "sagemaker:StopTrainingJob",
+                     "sagemaker:AddTags"],
             resources=[training_job_arn]))
         self.role.add_to_policy(iam.PolicyStatement(
             sid="ListTrainingJobs", actions=["sagemaker:ListTrainingJobs"], resources=["*"]))

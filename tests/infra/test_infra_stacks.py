@@ -548,6 +548,21 @@ def test_notebook_may_run_training_jobs_and_pass_only_the_training_role(default_
     assert not [a for a in all_actions if a.startswith(("ec2:", "ecr:"))]
 
 
+def test_notebook_may_create_training_jobs_only_in_the_stack_subnets_and_group(default_synth):
+    policy = policy_of(default_synth, SAGEMAKER, "NotebookRole")
+    (create,) = [s for s in policy if "sagemaker:CreateTrainingJob" in actions(s)]
+    assert actions(create) == ["sagemaker:CreateTrainingJob"]
+    (group_id,) = [lid for lid in default_synth.resources(SAGEMAKER, "AWS::EC2::SecurityGroup")
+                   if lid.startswith("TrainingJobSecurityGroup")]
+    allowed = create["Condition"]["ForAllValues:StringEquals"]
+    assert allowed["sagemaker:VpcSecurityGroupIds"] == [{"Fn::GetAtt": [group_id, "GroupId"]}]
+    subnets = [import_of(s) for s in allowed["sagemaker:VpcSubnets"]]
+    assert len(subnets) == 2 and all("PrivateSubnet" in s for s in subnets)
+    # Without a VPC config the keys are absent, and ForAllValues alone would allow it.
+    assert create["Condition"]["Null"] == {"sagemaker:VpcSubnets": "false",
+                                           "sagemaker:VpcSecurityGroupIds": "false"}
+
+
 def test_training_role_pulls_the_image_reads_data_and_places_jobs_in_the_vpc(default_synth):
     policy = policy_of(default_synth, SAGEMAKER, "TrainingJobRole")
     by_sid = {s.get("Sid"): s for s in policy}
