@@ -2,13 +2,22 @@
 targets in the private subnets and a security group that admits NFS only from named groups."""
 from __future__ import annotations
 
-from aws_cdk import RemovalPolicy, Stack
+from aws_cdk import Duration, RemovalPolicy, Stack
+from aws_cdk import aws_cloudwatch as cloudwatch
+from aws_cdk import aws_cloudwatch_actions as cloudwatch_actions
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_efs as efs
 from aws_cdk import aws_iam as iam
+from aws_cdk import aws_sns as sns
 from constructs import Construct
 
 NFS_PORT = 2049
+
+# Bursting mode: a small file system (COCO is ~25 GB) has a baseline of ~1.25 MiB/s and bursts to
+# 100 MiB/s on credits, starting with 2.1 TiB of them. Reading at the burst rate, 0.5 TiB lasts
+# about 1.5 hours: the alarm leaves time to switch to elastic throughput before reads slow to
+# the baseline (the original setup's failure: training stalled on data loading).
+BURST_CREDIT_ALARM_BYTES = 512 * 1024**3
 
 _THROUGHPUT_MODES = {
     # Elastic scales with the workload: bursting mode's credits run out mid-training on a small
@@ -28,7 +37,8 @@ class SharedFileSystem(Construct):
 
     def __init__(self, scope: Construct, id: str, *, vpc: ec2.IVpc,
                  subnets: list[ec2.ISubnet], throughput_mode: str = "elastic",
-                 existing_file_system_id: str | None = None) -> None:
+                 existing_file_system_id: str | None = None,
+                 alarm_topic: sns.ITopic | None = None) -> None:
         super().__init__(scope, id)
         self.security_group = ec2.SecurityGroup(
             self, "SecurityGroup", vpc=vpc, allow_all_outbound=False,
@@ -57,6 +67,25 @@ class SharedFileSystem(Construct):
                 allow_anonymous_access=True,
             )
         self.file_system_id: str = self.file_system.file_system_id
+        self.burst_credit_alarm: cloudwatch.Alarm | None = None
+        if throughput_mode == "bursting":
+            self.burst_credit_alarm = self._burst_credit_alarm(alarm_topic)
+
+    def _burst_credit_alarm(self, topic: sns.ITopic | None) -> cloudwatch.Alarm:
+        credits = cloudwatch.Metric(
+            namespace="AWS/EFS", metric_name="BurstCreditBalance",
+            dimensions_map={"FileSystemId": self.file_system_id},
+            statistic="Minimum", period=Duration.minutes(5))
+        alarm = credits.create_alarm(
+            self, "BurstCreditAlarm", threshold=BURST_CREDIT_ALARM_BYTES, evaluation_periods=1,
+            comparison_operator=cloudwatch.ComparisonOperator.LESS_THAN_THRESHOLD,
+            treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
+            alarm_description="EFS burst credits below 0.5 TiB: reads fall to the baseline "
+                              "throughput when they run out. Switch the file system to elastic "
+                              "throughput (docs/infra.md).")
+        if topic is not None:
+            alarm.add_alarm_action(cloudwatch_actions.SnsAction(topic))
+        return alarm
 
     def grant_client_access(self, grantee: iam.IGrantable) -> None:
         """Mount and write, for clients that mount with IAM authorization (efs-utils `iam`).

@@ -27,7 +27,8 @@ class NetworkStorageStack(Stack):
         self.network = Network(self, "Network", flow_log_bucket=self.log_bucket.bucket)
         self.file_system = SharedFileSystem(
             self, "FileSystem", vpc=self.network.vpc, subnets=self.network.private_subnets,
-            throughput_mode=efs_throughput_mode, existing_file_system_id=existing_file_system_id)
+            throughput_mode=efs_throughput_mode, existing_file_system_id=existing_file_system_id,
+            alarm_topic=self.notifications.topic)
         self.data_bucket = DataBucket(self, "DataBucket",
                                       access_log_bucket=self.log_bucket.bucket)
 

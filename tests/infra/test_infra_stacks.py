@@ -104,6 +104,19 @@ def test_existing_file_system_is_reused_with_new_mount_targets(variant_synth):
     assert outputs_[outputs.FILE_SYSTEM_ID]["Value"] == "fs-0123456789abcdef0"
 
 
+def test_burst_credit_alarm_only_in_bursting_mode(default_synth, variant_synth):
+    assert default_synth.resources(SHARED, "AWS::CloudWatch::Alarm") == {}
+    (alarm,) = variant_synth.resources(SHARED, "AWS::CloudWatch::Alarm").values()
+    props = alarm["Properties"]
+    assert (props["Namespace"], props["MetricName"], props["Statistic"]) == (
+        "AWS/EFS", "BurstCreditBalance", "Minimum")
+    assert props["Dimensions"] == [{"Name": "FileSystemId", "Value": "fs-0123456789abcdef0"}]
+    assert props["ComparisonOperator"] == "LessThanThreshold"
+    assert props["Threshold"] == 512 * 1024**3
+    (topic_id,) = variant_synth.resources(SHARED, "AWS::SNS::Topic")
+    assert props["AlarmActions"] == [{"Ref": topic_id}]
+
+
 def test_bursting_throughput_is_an_option():
     import aws_cdk as cdk
     from aws_cdk import aws_ec2 as ec2
