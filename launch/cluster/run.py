@@ -84,7 +84,7 @@ def build_command(nodes: list[ClusterNode], *, logdir: str, data_dir: str, overr
     hostfile = str(Path(logdir) / "hostfile")
     key = {"ssh_key": str(ssh_key)} if ssh_key else {}
     cmd = mpirun_command([n.as_node() for n in nodes], hostfile=hostfile, ssh_port=ssh_port, **key,
-                         efa=all(n.efa for n in nodes),
+                         efa=all(n.efa for n in nodes), instance_types=[n.instance_type for n in nodes],
                          train=train_command(logdir=logdir, data_dir=data_dir, overrides=overrides))
     return hostfile_text([n.as_node() for n in nodes]), cmd
 

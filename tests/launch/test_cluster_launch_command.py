@@ -90,3 +90,16 @@ def test_bad_cluster_is_rejected():
         mpirun_command([], hostfile="h", train=["python"])
     with pytest.raises(ValueError, match="at least 1"):
         Node("10.0.0.1", 0)
+
+
+@pytest.mark.parametrize("instance_type, rdma", [("p4d.24xlarge", True), ("g5.48xlarge", False),
+                                                 ("p3dn.24xlarge", False)])
+def test_the_cluster_run_passes_its_nodes_types(instance_type, rdma):
+    from launch.cluster import run
+    from launch.cluster.hostfile import ClusterNode
+
+    nodes = [ClusterNode("i-1", "10.0.0.1", instance_type, "master", 8, True),
+             ClusterNode("i-2", "10.0.0.2", instance_type, "worker", 8, True)]
+    _, cmd = run.build_command(nodes, logdir="/efs/logs/x", data_dir="/efs/data/coco", overrides=[], ssh_port=2222)
+    assert "FI_PROVIDER=efa" in cmd
+    assert ("FI_EFA_USE_DEVICE_RDMA=1" in cmd) is rdma
