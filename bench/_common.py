@@ -14,16 +14,31 @@ os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
+# --scale coco: the default (full-size) config at batch 4 on the COCO-realistic fixture: short edge 800,
+# max 1333, P2-P6 with the default anchors, masks on, ~7 objects an annotated image.
+COCO_SCALE_OVERRIDES = ["DATA.TRAIN=('train2017',)", "DATA.VAL=('val2017',)", "TRAIN.BATCH_SIZE_PER_GPU=4"]
+COCO_FIXTURE = {"train": 200, "val": 16, "seed": 0}
+
+
 def add_common_args(parser):
+    parser.add_argument("--scale", choices=("cpu", "coco"), default="cpu",
+                        help="cpu: --preset on the synthetic shapes; coco: the default config at batch 4 on "
+                             "the COCO-realistic fixture (COCO image sizes, 800 px short edge)")
     parser.add_argument("--preset", default="cpu_synthetic", help="training/configs module (the fixed small config)")
     parser.add_argument("--config", nargs="*", default=[], metavar="KEY=VALUE", help="extra overrides")
     parser.add_argument("--data", default="", help="COCO-format dataset dir (default: a generated synthetic one)")
     parser.add_argument("--output", default="", help="result JSON (default: bench/results/<name>-<device>.json)")
 
 
-def dataset(path: str) -> Path:
+def dataset(path: str, scale: str = "cpu") -> Path:
     if path:
         return Path(path)
+    if scale == "coco":
+        from training.data.coco_fixture import CocoFixtureSpec, generate as generate_coco
+        out = Path(tempfile.gettempdir()) / "maskrcnn-bench-coco"
+        if not (out / "annotations" / "instances_val2017.json").exists():
+            generate_coco(out, CocoFixtureSpec(**COCO_FIXTURE))
+        return out
     from training.configs.cpu_synthetic import DATASET
     from training.data.synthetic import SyntheticSpec, generate
     out = Path(tempfile.gettempdir()) / "maskrcnn-bench-synthetic"
@@ -37,8 +52,10 @@ def load_config(args, *, num_ranks: int = 1):
     from training.config import finalize, new_config
     from training.data.coco import load_split
     cfg = new_config()
-    cfg.update_args(importlib.import_module(f"training.configs.{args.preset}").OVERRIDES)
-    data = dataset(args.data)
+    scale = getattr(args, "scale", "cpu")
+    cfg.update_args(COCO_SCALE_OVERRIDES if scale == "coco"
+                    else importlib.import_module(f"training.configs.{args.preset}").OVERRIDES)
+    data = dataset(args.data, scale)
     cfg.update_args([f"DATA.BASEDIR={str(data)!r}", "BACKBONE.DATA_FORMAT='auto'", *args.config])
     split = load_split(data, cfg.DATA.TRAIN[0])
     finalize(cfg, num_ranks=num_ranks, class_names=split.class_names)

@@ -25,6 +25,7 @@ def _cfg(split, *extra):
 
 
 def test_batches_are_padded_and_consistent(split):
+    from training.data import packed_masks
     from training.data.pipeline import TrainingBatches
     from training.model.anchors import all_anchors
     cfg = _cfg(split, "TRAIN.BATCH_SIZE_PER_GPU=3")
@@ -35,7 +36,9 @@ def test_batches_are_padded_and_consistent(split):
         assert np.all(image_hw[:, 0] <= hp) and np.all(image_hw[:, 1] <= wp)
         assert np.all((image_hw >= 72) & (image_hw <= 100))
         assert anchor_labels.shape == (3, sum(len(a) for a in all_anchors(cfg, hp, wp)))
-        assert gt_masks.shape == (3, gt_boxes.shape[1], hp, wp)
+        assert images.dtype == np.uint8 and gt_masks.dtype == np.uint8
+        assert gt_masks.shape == (3, gt_boxes.shape[1], hp, wp // 8)  # 8 pixels a byte
+        gt_masks = packed_masks.unpack(gt_masks)
         for i in range(b):
             h, w = image_hw[i]
             assert not images[i, h:].any() and not images[i, :, w:].any()

@@ -133,8 +133,9 @@ def _polygon(rng: np.random.Generator, width: int, height: int, small: bool) -> 
     angles = np.sort(rng.uniform(0, 2 * math.pi, size=k))
     radii = rng.uniform(0.65, 1.0, size=k)
     xy = np.stack([rx * radii * np.cos(angles), ry * radii * np.sin(angles)], axis=1)
-    low, high = xy.min(axis=0), xy.max(axis=0)
     size = np.array([width, height], np.float64)
+    xy *= min(1.0, float(np.min((size - 4) / (xy.max(axis=0) - xy.min(axis=0)))))  # elongated: fit inside
+    low, high = xy.min(axis=0), xy.max(axis=0)
     return xy + rng.uniform(-low + 1, size - high - 1)
 
 

@@ -14,6 +14,7 @@ from tensorpack.tfutils.summary import add_moving_summary
 from tensorpack.tfutils.tower import get_current_tower_context
 
 from training.compat import tf, tf1
+from training.data import packed_masks
 from training.model import consistency, frcnn_head, losses, mask_head as mask_lib
 from training.model.anchors import level_anchor_specs
 from training.model.backbone import ResNet
@@ -51,12 +52,12 @@ class MaskRCNN(ModelDesc):
     # -------------------------------------------------------------------------------- inputs
     def inputs(self):
         return [
-            tf.TensorSpec([None, None, None, 3], tf.float32, "images"),        # BGR 0..255, zero-padded
+            tf.TensorSpec([None, None, None, 3], tf.uint8, "images"),          # BGR 0..255, zero-padded
             tf.TensorSpec([None, 2], tf.int32, "image_hw"),                     # real size before padding
             tf.TensorSpec([None, None, 4], tf.float32, "gt_boxes"),             # x1y1x2y2, padded per batch
             tf.TensorSpec([None, None], tf.int32, "gt_labels"),                 # 1..C, 0 = padding
             tf.TensorSpec([None], tf.int32, "num_gt"),
-            tf.TensorSpec([None, None, None, None], tf.uint8, "gt_masks"),      # [B, G, H, W]
+            tf.TensorSpec([None, None, None, None], tf.uint8, "gt_masks"),      # [B, G, H, W / 8], packed bits
             tf.TensorSpec([None, None], tf.int32, "anchor_labels"),             # all levels, [H, W, A] order
             tf.TensorSpec([None, None, 4], tf.float32, "anchor_targets"),
         ]
@@ -64,7 +65,8 @@ class MaskRCNN(ModelDesc):
     # -------------------------------------------------------------------------------- graph
     def _preprocess(self, images):
         p = self.cfg.PREPROC
-        x = (images - tf.constant(p.PIXEL_MEAN, tf.float32)) / tf.constant(p.PIXEL_STD, tf.float32)
+        # uint8 up to here: a quarter of float32's host memory, queue and host-to-device copy
+        x = (tf.cast(images, tf.float32) - tf.constant(p.PIXEL_MEAN, tf.float32)) / tf.constant(p.PIXEL_STD, tf.float32)
         return tf.transpose(x, [0, 3, 1, 2]) if self.cfg.BACKBONE.DATA_FORMAT == "NCHW" else x
 
     def _to_nhwc(self, x):
@@ -192,6 +194,8 @@ class MaskRCNN(ModelDesc):
         if cfg.MODE_MASK:
             res5_fg = tf.gather(res5, fg_pos) if res5 is not None else None
             mask_logits = self._mask_logits(pool, fg_rois, fg_img, res5_fg)
+            with tf.device("/cpu:0"):  # where mask_targets reads them
+                gt_masks = packed_masks.tf_unpack(gt_masks)  # the pipeline packs 8 pixels a byte
             shp = tf.shape(gt_masks)
             flat_masks = tf.reshape(gt_masks, [shp[0] * shp[1], shp[2], shp[3]])
             size = mask_logits.shape[-1] or cfg.MRCNN.MASK_SIZE
