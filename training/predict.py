@@ -70,13 +70,30 @@ def load_run_config(logdir: Path, overrides):
     return cfg, category_ids
 
 
+def predict_session_config():
+    """Session options for prediction: grappler's memory optimizer off.
+
+    It only plans GPU memory for training (swapping, recomputation), and its cost model has no
+    estimate for CropAndResize (ROIAlign, mask targets): it printed an "Error in PredictCost()"
+    warning per CropAndResize on every run, through absl logging, which TF_CPP_MIN_LOG_LEVEL does
+    not silence.
+    """
+    from tensorflow.core.protobuf.rewriter_config_pb2 import RewriterConfig
+    from tensorpack.tfutils.common import get_default_sess_config
+    conf = get_default_sess_config()
+    conf.graph_options.rewrite_options.memory_optimization = RewriterConfig.OFF
+    return conf
+
+
 def build_predictor(cfg, checkpoint: str):
     from training.compat import use_graph_mode
     use_graph_mode()
     from tensorpack.predict import OfflinePredictor, PredictConfig
+    from tensorpack.tfutils.sesscreate import NewSessionCreator
     from tensorpack.tfutils.sessinit import SmartInit
     from training.model.generalized_rcnn import INPUT_NAMES_PREDICT, OUTPUT_NAMES, MaskRCNN
     predictor = OfflinePredictor(PredictConfig(model=MaskRCNN(cfg), session_init=SmartInit(checkpoint),
+                                               session_creator=NewSessionCreator(config=predict_session_config()),
                                                input_names=list(INPUT_NAMES_PREDICT), output_names=list(OUTPUT_NAMES)))
     return lambda images, image_hw: predictor(images, image_hw)
 
