@@ -43,7 +43,8 @@ def build(app: cdk.App) -> Stacks:
         stack_name=config.stack_name(outputs.NETWORK_STORAGE_STACK),
         existing_file_system_id=config.existing_file_system_id,
         efs_throughput_mode=config.efs_throughput_mode,
-        notification_email=config.notification_email)
+        notification_email=config.notification_email,
+        availability_zones=config.availability_zones)
     stacks = Stacks(
         shared=shared,
         efs_cluster=EfsClusterStack(app, outputs.EFS_CLUSTER_STACK, tags=PROJECT_TAGS,

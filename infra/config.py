@@ -30,8 +30,10 @@ _EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
 # Prefixed to the stack names, hence to the group, secret and export names derived from them.
 # Short enough that "<prefix>-EfsClusterStack-cluster-key" stays a readable name.
 _NAME_PREFIX = re.compile(r"^[A-Za-z](?:[A-Za-z0-9-]{0,22}[A-Za-z0-9])?$")
+_ZONE = re.compile(r"^([a-z]{2}(?:-gov)?-[a-z]+-\d)[a-z]$")
+VPC_ZONE_COUNT = 2
 OPTIONAL_KEYS = ("ssh_cidr", "key_pair_name", "existing_file_system_id", "notification_email",
-                 "ami_id", "name_prefix")
+                 "ami_id", "name_prefix", "availability_zones", "cluster_availability_zone")
 # Context keys this app owns look like Python identifiers; CDK's own keys contain ':', '@' or '-'.
 _OWN_KEY = re.compile(r"^[a-z][a-z0-9_]*$")
 
@@ -59,6 +61,15 @@ class AppConfig:
     notification_email: str | None = None
     ami_id: str | None = None
     name_prefix: str | None = None
+    availability_zones: tuple[str, ...] | None = None
+    cluster_availability_zone: str | None = None
+
+    @property
+    def cluster_zone_index(self) -> int:
+        """Which of the VPC's zones (and of its public and private subnets) the cluster uses."""
+        if self.cluster_availability_zone is None:
+            return 0
+        return self.availability_zones.index(self.cluster_availability_zone)
 
     def stack_name(self, base: str) -> str:
         """A stack's CloudFormation name: `base`, or `<name_prefix>-<base>` (several clusters
@@ -110,6 +121,18 @@ class AppConfig:
                 f"dlami_ssm_parameter ({family.description}) does not support: its NVIDIA driver "
                 f"does not drive {self.instance_type.split('.')[0]} GPUs; use one of "
                 f"{', '.join(family.supported_types())}")
+        if self.cluster_availability_zone and not self.availability_zones:
+            raise ConfigError(
+                "context key 'cluster_availability_zone' needs availability_zones (the VPC's "
+                "zones, which are otherwise the region's first two and unknown at synth): set "
+                f"both, e.g. -c availability_zones=us-east-1a,us-east-1d "
+                f"-c cluster_availability_zone={self.cluster_availability_zone}")
+        if (self.cluster_availability_zone
+                and self.cluster_availability_zone not in self.availability_zones):
+            raise ConfigError(
+                f"context key 'cluster_availability_zone' is {self.cluster_availability_zone!r}, "
+                f"not one of the VPC's zones (availability_zones: "
+                f"{', '.join(self.availability_zones)})")
         if self.ssh_cidr and not self.key_pair_name:
             raise ConfigError(
                 "context key 'key_pair_name' is required when ssh_cidr is set: name an existing "
@@ -192,6 +215,20 @@ def _ssh_cidr(key: str, raw: Any) -> str | None:
     return str(network)
 
 
+def _zones(key: str, raw: Any) -> tuple[str, ...] | None:
+    if _is_unset(raw):
+        return None
+    names = raw if isinstance(raw, list) else str(raw).split(",")
+    zones = tuple(str(name).strip() for name in names)
+    expected = (f"expected {VPC_ZONE_COUNT} different zone names of one region separated by a "
+                "comma, e.g. us-east-1a,us-east-1d")
+    matches = [_ZONE.match(zone) for zone in zones]
+    if (len(zones) != VPC_ZONE_COUNT or not all(matches) or len(set(zones)) != len(zones)
+            or len({m.group(1) for m in matches}) != 1):
+        raise ConfigError(f"context key {key!r} is {raw!r}; {expected}")
+    return zones
+
+
 _PARSERS: dict[str, Callable[[str, Any], Any]] = {
     "instance_type": _choice(tuple(INSTANCE_TYPES)),
     "worker_count": _int_in(WORKER_COUNT),
@@ -217,5 +254,8 @@ _PARSERS: dict[str, Callable[[str, Any], Any]] = {
     "name_prefix": _matching(
         _NAME_PREFIX, "up to 24 letters, digits and hyphens, starting with a letter and not "
         "ending with a hyphen (e.g. team-a), or unset for the plain stack names", True),
+    "availability_zones": _zones,
+    "cluster_availability_zone": _matching(
+        _ZONE, "an availability zone name such as us-east-1d, one of availability_zones", True),
 }
 assert tuple(_PARSERS) == AppConfig.keys(), "every AppConfig field needs a parser, in order"

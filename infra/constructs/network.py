@@ -10,19 +10,24 @@ VPC_CIDR = "10.0.0.0/16"
 
 
 class Network(Construct):
-    """Two availability zones (SageMaker jobs get capacity in either; the EC2 cluster uses the
-    first, since a cluster placement group lives in one zone), one NAT gateway (the largest fixed
+    """Two availability zones (SageMaker jobs get capacity in either; the EC2 cluster uses one,
+    since a cluster placement group lives in one zone: the first, or the one configured), one NAT gateway (the largest fixed
     cost here; one per zone would add ~$33/month each for zone-failure tolerance a training
     environment does not need) and an S3 gateway endpoint so dataset and checkpoint traffic skips
     the NAT's per-GB charge."""
 
     def __init__(self, scope: Construct, id: str, *, flow_log_bucket: s3.IBucket,
-                 max_azs: int = 2, nat_gateways: int = 1) -> None:
+                 availability_zones: tuple[str, ...] | None = None, max_azs: int = 2,
+                 nat_gateways: int = 1) -> None:
         super().__init__(scope, id)
+        # Named zones (availability_zones) or the region's first `max_azs`; CDK takes one or
+        # the other. Subnets are listed in the zones' order.
+        zones = (dict(availability_zones=list(availability_zones)) if availability_zones
+                 else dict(max_azs=max_azs))
         self.vpc = ec2.Vpc(
             self, "Vpc",
             ip_addresses=ec2.IpAddresses.cidr(VPC_CIDR),
-            max_azs=max_azs,
+            **zones,
             nat_gateways=nat_gateways,
             subnet_configuration=[
                 ec2.SubnetConfiguration(name="Public", subnet_type=ec2.SubnetType.PUBLIC,

@@ -28,8 +28,8 @@ class EfsClusterStack(Stack):
             self, "Cluster",
             vpc=vpc,
             # Same zone for both groups: a cluster placement group lives in one zone.
-            master_subnet=shared.network.public_subnets[0],
-            worker_subnet=shared.network.private_subnets[0],
+            master_subnet=shared.network.public_subnets[config.cluster_zone_index],
+            worker_subnet=shared.network.private_subnets[config.cluster_zone_index],
             machine_image=machine_image,
             node=NodeSpec(instance_type=config.instance_type,
                           ebs_volume_size_gib=config.ebs_volume_size_gib, efa=config.efa),

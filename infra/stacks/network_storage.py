@@ -19,12 +19,19 @@ from infra.constructs.notifications import Notifications
 class NetworkStorageStack(Stack):
     def __init__(self, scope: Construct, id: str, *, existing_file_system_id: str | None,
                  efs_throughput_mode: str, notification_email: str | None = None,
-                 **kwargs) -> None:
+                 availability_zones: tuple[str, ...] | None = None, **kwargs) -> None:
         super().__init__(scope, id, description="Mask R-CNN training: shared VPC, EFS and S3 "
                          "(stateful resources are retained on delete)", **kwargs)
         self.notifications = Notifications(self, "Notifications", email=notification_email)
         self.log_bucket = LogBucket(self, "LogBucket")
-        self.network = Network(self, "Network", flow_log_bucket=self.log_bucket.bucket)
+        self.network = Network(self, "Network", flow_log_bucket=self.log_bucket.bucket,
+                               availability_zones=availability_zones)
+        if availability_zones:
+            # cfn-lint's W3010 warns on zone names written into a template; naming them is what
+            # the user asked for (where their instance type is offered or reserved).
+            metadata = self.template_options.metadata or {}
+            self.template_options.metadata = {**metadata, "cfn-lint": {"config": {
+                "ignore_checks": ["W3010"]}}}
         self.file_system = SharedFileSystem(
             self, "FileSystem", vpc=self.network.vpc, subnets=self.network.private_subnets,
             throughput_mode=efs_throughput_mode, existing_file_system_id=existing_file_system_id,

@@ -29,6 +29,8 @@ VARIANT_CONTEXT = {
     "ami_id": "ami-0123456789abcdef0",
     "notification_email": "ml-team@example.com",
     "name_prefix": "team-a",
+    "availability_zones": "us-east-1a,us-east-1b",
+    "cluster_availability_zone": "us-east-1b",   # the VPC's second zone
 }
 
 

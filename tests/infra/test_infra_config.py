@@ -43,6 +43,14 @@ BAD_CONTEXT = {
     "V100 type the AMI's driver dropped": ({"instance_type": "p3.16xlarge"}, ["instance_type", "'p3.16xlarge'", "does not support", "p3 GPUs", "g5.48xlarge", "p4d.24xlarge"]),
     "V100 type with EFA": ({"instance_type": "p3dn.24xlarge", "efa": True}, ["instance_type", "'p3dn.24xlarge'", "does not support"]),
     "AMI family the app does not know": ({"dlami_ssm_parameter": "/aws/service/ami-amazon-linux-latest/al2023-ami-kernel-default-x86_64"}, ["dlami_ssm_parameter", "not a known AMI family", "base-oss-nvidia-driver-gpu-ubuntu"]),
+    "one zone only": ({"availability_zones": "us-east-1a"}, ["availability_zones", "2 different zone names", "us-east-1a,us-east-1d"]),
+    "zones of two regions": ({"availability_zones": "us-east-1a,us-west-2a"}, ["availability_zones", "one region"]),
+    "not a zone name": ({"availability_zones": "us-east-1,us-east-2"}, ["availability_zones", "zone names"]),
+    "cluster zone outside the VPC": ({"availability_zones": "us-east-1a,us-east-1b", "cluster_availability_zone": "us-east-1c"}, ["cluster_availability_zone", "'us-east-1c'", "not one of the VPC's zones", "us-east-1a, us-east-1b"]),
+    "cluster zone without the VPC's zones": ({"cluster_availability_zone": "us-east-1d"}, ["cluster_availability_zone", "needs availability_zones", "unknown at synth"]),
+    "bad alerts email": ({"notification_email": "not-an-address"}, ["notification_email", "email address"]),
+    "bad AMI id": ({"ami_id": "ami-123"}, ["ami_id", "ami-", "17"]),
+    "name prefix ending with a hyphen": ({"name_prefix": "team-"}, ["name_prefix", "not ending with a hyphen"]),
     "misspelt key": ({"worker_cout": 2}, ["unknown context key", "worker_cout", "worker_count"]),
     "bad key pair name": ({"key_pair_name": "tab\there"}, ["key_pair_name", "printable ASCII"]),
 }
@@ -83,6 +91,14 @@ def test_values_passed_as_strings_with_dash_c_are_parsed():
     assert config.ssh_cidr == "198.51.100.0/24"
     assert config.existing_file_system_id == "fs-01234567"   # an old 8-hex id is still valid
     assert config_with(ssh_cidr="").ssh_cidr is None          # `-c ssh_cidr=` unsets it
+
+
+def test_cluster_zone_picks_the_subnets_of_that_zone():
+    config = config_with(availability_zones="us-east-1a, us-east-1d",
+                         cluster_availability_zone="us-east-1d")
+    assert config.availability_zones == ("us-east-1a", "us-east-1d")
+    assert config.cluster_zone_index == 1
+    assert config_with().cluster_zone_index == 0
 
 
 def test_config_is_frozen():

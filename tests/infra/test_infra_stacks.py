@@ -94,6 +94,14 @@ def test_file_system_admits_nfs_only_from_cluster_notebook_and_training_groups(d
     assert set(sources) == {CLUSTER, SAGEMAKER}
 
 
+def test_vpc_zones_can_be_named(default_synth, variant_synth):
+    zones = {s["Properties"]["AvailabilityZone"] for s in
+             variant_synth.resources(SHARED, "AWS::EC2::Subnet").values()}
+    assert zones == {"us-east-1a", "us-east-1b"}
+    for subnet in default_synth.resources(SHARED, "AWS::EC2::Subnet").values():
+        assert "Fn::GetAZs" in json.dumps(subnet["Properties"]["AvailabilityZone"])
+
+
 def test_existing_file_system_is_reused_with_new_mount_targets(variant_synth):
     template = variant_synth.template(SHARED)
     template.resource_count_is("AWS::EFS::FileSystem", 0)
@@ -312,15 +320,16 @@ def test_groups_use_launch_templates_with_imdsv2_encrypted_gp3_and_placement(def
 
 
 def test_master_is_one_public_node_and_workers_are_private(default_synth, variant_synth):
-    for synth, workers in ((default_synth, 1), (variant_synth, 3)):
+    for synth, workers, zone in ((default_synth, 1, 1), (variant_synth, 3, 2)):
         groups = synth.resources(CLUSTER, "AWS::AutoScaling::AutoScalingGroup")
         by_name = {g["Properties"]["AutoScalingGroupName"]: g for g in groups.values()}
         master = by_name[f"{synth.stack_names[CLUSTER]}-master"]["Properties"]
         worker = by_name[f"{synth.stack_names[CLUSTER]}-worker"]["Properties"]
         assert (master["MinSize"], master["MaxSize"]) == ("1", "1")
         assert (worker["MinSize"], worker["MaxSize"]) == (str(workers), str(workers))
-        assert "PublicSubnet1" in import_of(master["VPCZoneIdentifier"][0])
-        assert "PrivateSubnet1" in import_of(worker["VPCZoneIdentifier"][0])
+        # One zone for both (cluster_availability_zone picks it: the second one in the variant)
+        assert f"PublicSubnet{zone}" in import_of(master["VPCZoneIdentifier"][0])
+        assert f"PrivateSubnet{zone}" in import_of(worker["VPCZoneIdentifier"][0])
         interfaces = {lid: lt["Properties"]["LaunchTemplateData"]["NetworkInterfaces"][0]
                       for lid, lt in synth.resources(CLUSTER, "AWS::EC2::LaunchTemplate").items()}
         assert {lid.startswith("ClusterMaster"): ni["AssociatePublicIpAddress"]
