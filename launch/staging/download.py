@@ -138,7 +138,11 @@ def _download_once(artifact: Artifact, part: Path, progress: bool) -> None:
     with resp:
         total = int(resp.headers.get("Content-Length") or 0)
         content_range = re.fullmatch(r"bytes (\d+)-(\d+)/(\d+|\*)", resp.headers.get("Content-Range") or "")
-        if resp.status == 206 and content_range and int(content_range[1]) == have:
+        if resp.status == 206:
+            if not (content_range and int(content_range[1]) == have):   # not the range asked for
+                part.unlink(missing_ok=True)
+                raise _Interrupted(f"asked for bytes {have}- and got {resp.headers.get('Content-Range')!r}; "
+                                   f"starting again")
             mode, start = "ab", have
             total = have + total
         else:

@@ -20,12 +20,14 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 import boto3
+import urllib3
 from boto3.s3.transfer import TransferConfig, create_transfer_manager
 from botocore.config import Config
-from botocore.exceptions import ClientError, NoCredentialsError
+from botocore.exceptions import ClientError, IncompleteReadError, NoCredentialsError, ResponseStreamingError
 from s3transfer.subscribers import BaseSubscriber
 from tqdm import tqdm
 
+from launch.staging import s3get
 from launch.staging.diskspace import StagingError, ensure_free_space
 from launch.staging.download import CHUNK, file_digest
 
@@ -33,6 +35,7 @@ SHA256_KEY = "sha256"
 MB = 1 << 20
 # Objects larger than this are fetched as parallel ranged GETs of this size (the upload's part size).
 PART_SIZE = 64 * MB
+GET_ATTEMPTS = 3   # per object or part, for connections lost mid-body (botocore/urllib3 retry the rest)
 
 
 @dataclasses.dataclass
@@ -212,19 +215,15 @@ def copy_to_local(session: boto3.session.Session, bucket: str, prefix: str, dest
 
     def fetch_range(copy: _ObjectCopy, first: int, last: int, bar: tqdm) -> None:
         whole = len(copy.ranges) == 1
-        args = {} if whole else {"Range": f"bytes={first}-{last}"}
-        resp = client.get_object(Bucket=bucket, Key=copy.key, **args)
-        copy.expected_sha256 = resp.get("Metadata", {}).get(SHA256_KEY)
-        digest = hashlib.sha256() if whole else None
-        received = 0
-        # A small object is written and hashed in one pass; a large one's parts land at their offsets.
-        with open(copy.part, "wb" if whole else "r+b") as out:
-            out.seek(first)
-            for chunk in resp["Body"].iter_chunks(CHUNK):
-                out.write(chunk)
-                received += len(chunk)
-                if digest:
-                    digest.update(chunk)
+        for attempt in range(1, GET_ATTEMPTS + 1):
+            try:
+                received, digest = write_range(copy, first, last, whole)
+                break
+            except (urllib3.exceptions.HTTPError, ResponseStreamingError, IncompleteReadError,
+                    ConnectionError, TimeoutError) as err:
+                if attempt == GET_ATTEMPTS:   # a connection lost mid-body; earlier ones are retried
+                    raise StagingError(f"copying s3://{bucket}/{copy.key} failed {attempt} times: {err}; "
+                                       f"rerun to copy what is missing") from None
         with bar_lock:
             bar.update(received)
         if received != last - first + 1:
@@ -235,6 +234,28 @@ def copy_to_local(session: boto3.session.Session, bucket: str, prefix: str, dest
         elif copy.part_done():
             finish(copy, file_digest(copy.part))   # re-read while it is still in the page cache
 
+    def write_range(copy: _ObjectCopy, first: int, last: int, whole: bool):
+        if whole and getter:
+            resp = getter.get(copy.key)
+            copy.expected_sha256 = resp.headers.get(f"x-amz-meta-{SHA256_KEY}")
+            chunks = resp.stream(CHUNK, decode_content=False)   # the stored bytes, as botocore gives them
+        else:
+            resp = client.get_object(Bucket=bucket, Key=copy.key, **({} if whole else {"Range": f"bytes={first}-{last}"}))
+            copy.expected_sha256 = resp.get("Metadata", {}).get(SHA256_KEY)
+            chunks = resp["Body"].iter_chunks(CHUNK)
+        digest = hashlib.sha256() if whole else None
+        received = 0
+        # A small object is written and hashed in one pass; a large one's parts land at their offsets.
+        with open(copy.part, "wb" if whole else "r+b") as out:
+            out.seek(first)
+            for chunk in chunks:
+                out.write(chunk)
+                received += len(chunk)
+                if digest:
+                    digest.update(chunk)
+        if whole and getter:
+            resp.release_conn()
+        return received, digest
     def finish(copy: _ObjectCopy, actual: str) -> None:
         if copy.expected_sha256 and actual != copy.expected_sha256:
             copy.part.unlink(missing_ok=True)
@@ -243,6 +264,7 @@ def copy_to_local(session: boto3.session.Session, bucket: str, prefix: str, dest
         os.replace(copy.part, copy.target)
 
     bar_lock = threading.Lock()
+    getter = s3get.PresignedGetter(client, bucket, max_connections=concurrency) if s3get.usable(client) else None
     for _, copy in todo:   # large objects: the file exists at full size before parts are written into it
         if len(copy.ranges) > 1:
             with open(copy.part, "wb") as f:
@@ -258,6 +280,9 @@ def copy_to_local(session: boto3.session.Session, bucket: str, prefix: str, dest
             for _, copy in todo:   # nothing half-written is left behind under any name
                 copy.part.unlink(missing_ok=True)
             raise
+        finally:
+            if getter:
+                getter.close()
     report.transferred = [copy.key for _, copy in todo]
     report.bytes_transferred = sum(copy.size for _, copy in todo)
     return report

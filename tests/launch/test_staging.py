@@ -1,6 +1,7 @@
 """Data staging against a local HTTP server (the "COCO site") and moto S3 (the stack's bucket)."""
 import hashlib
 import http.server
+import json
 import os
 import re
 import shutil
@@ -176,8 +177,8 @@ def test_copy_to_efs_makes_one_get_per_file_and_each_directory_once(aws_env, tmp
     session = boto3.session.Session()
     session.client("s3").create_bucket(Bucket="staging-bucket")
     s3sync.upload_tree(session, src, "staging-bucket", "data/coco", concurrency=8, progress=False)
-    calls = []
-    session.events.register("before-send.s3", lambda request, **kw: calls.append(
+    calls = []   # every request botocore signs, sent by itself or as a presigned URL
+    session.events.register("before-sign.s3", lambda request, **kw: calls.append(
         (request.method, urllib.parse.urlparse(request.url).path, str(request.headers.get("Range") or ""))))
     mkdirs = []
     real_mkdir = os.mkdir
@@ -316,3 +317,14 @@ def test_interrupted_download_is_kept_and_a_rerun_resumes_it(flaky_site, tmp_pat
     assert (tmp_path / "coco" / "w.npz").read_bytes() == payload
     assert hashlib.sha256(payload).hexdigest() in (tmp_path / "checksums.json").read_text()
     assert sorted(p.name for p in (tmp_path / "downloads").iterdir()) == ["w.npz"]
+
+
+def test_a_kept_part_is_fetched_again_whole_from_a_server_without_range_support(coco_site, tmp_path):
+    weights = coco_site.artifacts[3]   # the site is http.server's SimpleHTTPRequestHandler: no ranges
+    downloads = tmp_path / "downloads"
+    downloads.mkdir()
+    (downloads / f"{weights.name}.part").write_bytes(b"pretend")
+    (downloads / f"{weights.name}.part.json").write_text(json.dumps({"url": weights.url, "validator": None}))
+    dl.stage_dataset(tmp_path, (weights,), progress=False)
+    assert (tmp_path / "coco" / "weights" / weights.name).read_bytes() == b"pretend weights " * 1000
+    assert sorted(p.name for p in downloads.iterdir()) == [weights.name]
