@@ -273,3 +273,22 @@ def test_entrypoint_cluster_commands(command, module):
     result = _entry(command, "--help")
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("usage:")
+
+
+def test_build_check_names_libraries_the_loader_cannot_find(tmp_path):
+    """What Horovod's library (and the NCCL plugin) link must resolve in the image; only the driver,
+    libcuda.so.1, is left to the host."""
+    check = _check_module()
+    source = tmp_path / "empty.c"
+    source.write_text("int placeholder(void) { return 0; }\n")
+    for name in ("cuda", "standin_dep"):
+        subprocess.run(["cc", "-shared", "-fPIC", f"-Wl,-soname,lib{name}.so.1", "-o",
+                        str(tmp_path / f"lib{name}.so"), str(source)], check=True)
+    user = tmp_path / "user.so"
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(user), str(source), f"-L{tmp_path}", "-Wl,--no-as-needed",
+                    "-lcuda", "-lstandin_dep"], check=True)
+    (tmp_path / "libstandin_dep.so.1").symlink_to(tmp_path / "libstandin_dep.so")
+    assert check.missing_libraries(str(user)) == ["libstandin_dep.so.1"]
+    assert check.missing_libraries(str(user), str(tmp_path)) == []
+    linked = check.linked_libraries(str(user), str(tmp_path))
+    assert linked["libstandin_dep.so.1"] == str(tmp_path / "libstandin_dep.so.1")
