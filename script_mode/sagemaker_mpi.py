@@ -38,7 +38,7 @@ def write_job_keys(into: Path) -> Path:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
     out = Path(into) / JOB_SSH_DIR
-    out.mkdir(mode=0o700)
+    out.mkdir(mode=0o700, parents=True)
     for name in (CLIENT_KEY, HOST_KEY):
         key = Ed25519PrivateKey.generate()
         private = out / name
