@@ -152,6 +152,7 @@ _C.DATA.VAL = ("coco_val2017",)
 _C.DATA.NUM_CATEGORY = 0      # derived from the training annotations in finalize
 _C.DATA.CLASS_NAMES = []      # derived: ["BG", ...category names]
 _C.DATA.NUM_WORKERS = 2       # decode/augment threads per rank (threads, never forked processes)
+_C.DATA.QUEUE_BATCHES = 3     # prepared batches queued per rank (host RAM: docs/training.md; 50 held ~4 GB)
 
 # ---------------------------------------------------------------------------------------------
 # Backbone
@@ -183,6 +184,7 @@ _C.TRAIN.GRADIENT_CLIP = 0.0  # global-norm clip; 0 = off (use ~1.5 for large gl
 _C.TRAIN.LOAD_MODEL = ""      # checkpoint or .npz to start from (resume from LOGDIR wins)
 _C.TRAIN.MIXED_PRECISION = False  # GPU only: float16 compute through the grappler AMP rewrite + loss scaling
 _C.TRAIN.XLA = False              # GPU only: XLA auto-clustering (global_jit_level ON_1)
+_C.TRAIN.GRADIENT_COMPRESSION = "auto"  # Horovod allreduce in fp16: "fp16", "none", "auto" = fp16 across nodes
 _C.TRAIN.MOMENTUM = 0.9
 _C.TRAIN.LOG_PERIOD = 20          # steps between progress lines (step, losses, images/s, ETA)
 _C.TRAIN.MAX_STEPS = 0            # derived: last step of the LR schedule
@@ -262,6 +264,7 @@ _C.TEST.RESULTS_PER_IM = 100
 _C.freeze()
 
 NORM_CHOICES = ("FreezeBN", "SyncBN", "GN", "None")
+GRADIENT_COMPRESSION_CHOICES = ("auto", "fp16", "none")
 
 
 def new_config() -> AttrDict:
@@ -321,6 +324,11 @@ def _finalize(cfg: AttrDict, *, num_ranks: int, class_names, has_gpu) -> None:
     cfg.DATA.TRAIN, cfg.DATA.VAL = tuple(cfg.DATA.TRAIN), tuple(cfg.DATA.VAL)
     _require(_is_int(cfg.DATA.NUM_WORKERS) and cfg.DATA.NUM_WORKERS >= 1,
              f"DATA.NUM_WORKERS must be >= 1, got {cfg.DATA.NUM_WORKERS!r}")
+    _require(_is_int(cfg.DATA.QUEUE_BATCHES) and cfg.DATA.QUEUE_BATCHES >= 1,
+             f"DATA.QUEUE_BATCHES must be >= 1, got {cfg.DATA.QUEUE_BATCHES!r}")
+    _require(cfg.TRAIN.GRADIENT_COMPRESSION in GRADIENT_COMPRESSION_CHOICES,
+             f"TRAIN.GRADIENT_COMPRESSION must be one of {GRADIENT_COMPRESSION_CHOICES}, "
+             f"got {cfg.TRAIN.GRADIENT_COMPRESSION!r}")
     if class_names is not None:
         _require(len(class_names) >= 2 and class_names[0] == "BG",
                  f"class names must start with 'BG' and name at least one category, got {class_names!r}")

@@ -178,9 +178,11 @@ def gather_detections(local: list, root_only: bool = True) -> list:
             per_rank = hvd.allgather_object(local, name=GATHER_NAME)
     else:
         # Graph mode (tensorpack's finalized training graph): build the collective in a graph of
-        # its own, on the CPU, and run it in a short-lived session.
+        # its own, on the CPU, and run it in a short-lived session that creates no GPU device (a
+        # default-config session would map GPU:0 to physical GPU 0 on every rank: see collectives).
+        from training.collectives import cpu_only_session_config
         with tf.Graph().as_default() as graph, tf.device("/cpu:0"):
-            config = tf.compat.v1.ConfigProto(allow_soft_placement=True)
+            config = cpu_only_session_config()
             with tf.compat.v1.Session(graph=graph, config=config) as session:
                 per_rank = hvd.allgather_object(local, session=session, name=GATHER_NAME)
     if root_only and hvd.rank() != 0:

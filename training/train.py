@@ -39,12 +39,16 @@ def build_config(overrides, *, preset: str = ""):
     return cfg
 
 
-def load_data(cfg):
-    """The training records (all DATA.TRAIN splits) and the first validation split; errors now."""
+def load_data(cfg, *, validate_files: bool = True):
+    """The training records (all DATA.TRAIN splits) and the first validation split; errors now.
+
+    ``validate_files``: check that every listed image exists (one stat per image: 118k on EFS for
+    COCO). Rank 0 does it; the other ranks only read the annotations and wait for its verdict.
+    """
     from training.data.coco import load_split, load_splits
-    train = load_splits(cfg.DATA.BASEDIR, cfg.DATA.TRAIN)
+    train = load_splits(cfg.DATA.BASEDIR, cfg.DATA.TRAIN, validate=validate_files)
     roidb = [r for split in train for r in split.training_roidb()]
-    val = load_split(cfg.DATA.BASEDIR, cfg.DATA.VAL[0], require_annotations=False)
+    val = load_split(cfg.DATA.BASEDIR, cfg.DATA.VAL[0], validate=validate_files, require_annotations=False)
     if val.class_names != train[0].class_names:
         from training.data.coco import DatasetError
         raise DatasetError(f"validation split {val.name!r} has categories {val.class_names[1:]}, "
@@ -79,15 +83,6 @@ def pretrained_init(path: str):
     return SaverRestoreRelaxed(path, ignore=("global_step",))
 
 
-def _broadcast_from_root(hvd, value):
-    """Rank 0's ``value`` on every rank (a tiny graph of its own: the training graph is separate)."""
-    if hvd.size() == 1:
-        return value
-    with tf.Graph().as_default(), tf.device("/cpu:0"):
-        with tf1.Session(config=tf1.ConfigProto(allow_soft_placement=True)) as session:
-            return hvd.broadcast_object(value, root_rank=0, session=session, name="resume_state")
-
-
 def session_config(cfg, local_size: int):
     from tensorpack.tfutils.sesscreate import NewSessionCreator
     from tensorpack.tfutils.common import get_default_sess_config
@@ -109,14 +104,14 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     use_graph_mode()
     import horovod.tensorflow as hvd
-    from tensorpack import QueueInput, TrainConfig, launch_train_with_config, logger as tp_logger
+    from tensorpack import QueueInput, StagingInput, TrainConfig, launch_train_with_config, logger as tp_logger
     from tensorpack.callbacks import (MergeAllSummaries, ModelSaver, MovingAverageSummary,
                                       PeriodicTrigger, RunUpdateOps)
     from tensorpack.callbacks.monitor import JSONWriter, TFEventWriter
     from tensorpack.tfutils.sessinit import SmartInit
     from tensorpack.train import HorovodTrainer
 
-    from training import callbacks as cb
+    from training import callbacks as cb, collectives
     from training.config import ConfigError, finalize
     from training.data.coco import DatasetError
     from training.data.pipeline import TrainingBatches
@@ -125,9 +120,12 @@ def main(argv=None) -> int:
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
     logging.basicConfig(level=logging.INFO, format=f"[rank {rank}] %(levelname)s %(name)s: %(message)s")
+    # Before the trainer's session, collectives run in sessions that create no GPU device
+    # (training/collectives.py): the trainer's session alone maps GPU:0 to this rank's GPU.
+    error = None
     try:
         cfg = build_config(args.config, preset=args.preset)
-        train_split, roidb, val_split = load_data(cfg)
+        train_split, roidb, val_split = load_data(cfg, validate_files=rank == 0)
         finalize(cfg, num_ranks=size, class_names=train_split.class_names)
         load_model = resolve_weights(cfg.TRAIN.LOAD_MODEL, cfg.DATA.BASEDIR, "TRAIN.LOAD_MODEL (load_model)")
         backbone_weights = resolve_weights(cfg.BACKBONE.WEIGHTS, cfg.DATA.BASEDIR,
@@ -136,7 +134,12 @@ def main(argv=None) -> int:
             from training.model.weights import check_weights_file
             check_weights_file(backbone_weights, cfg)
     except (ConfigError, DatasetError) as err:
-        print(f"error: {err}", file=sys.stderr, flush=True)
+        error = f"error: {err}" + (f" (rank {rank})" if size > 1 else "")
+    # every rank stops on any rank's error (rank 0's file check included), or none does
+    errors = [e for e in collectives.allgather_object(error, name="startup_verdict") if e]
+    if errors:
+        if rank == 0 or error:
+            print(error or errors[0], file=sys.stderr, flush=True)
         return 2
     if cfg.TRAIN.MIXED_PRECISION or cfg.TRAIN.XLA:
         if not tf.config.list_physical_devices("GPU"):
@@ -144,7 +147,7 @@ def main(argv=None) -> int:
 
     logdir = os.path.abspath(args.logdir)
     ckpt, step = cb.resume_step(logdir) if rank == 0 else (None, 0)
-    ckpt, step = _broadcast_from_root(hvd, (ckpt, step))
+    ckpt, step = collectives.broadcast_object((ckpt, step), name="resume_state")
     spe = cfg.TRAIN.STEPS_PER_EPOCH
     if step >= cfg.TRAIN.MAX_STEPS:
         if rank == 0:
@@ -174,11 +177,19 @@ def main(argv=None) -> int:
             session_init = pretrained_init(backbone_weights)
     else:
         session_init = None
+    if rank != 0:  # the trainer broadcasts rank 0's variables (global step included) after init
+        session_init = None
 
     tf1.set_random_seed(cfg.TRAIN.SEED + rank)
     model = MaskRCNN(cfg)
-    data = QueueInput(TrainingBatches(roidb, cfg, seed=cfg.TRAIN.SEED + 7919 * rank))
-    trainer = HorovodTrainer(average=True)
+    # A few batches queued, not tensorpack's default 50: host memory per rank (docs/training.md)
+    queue = tf1.FIFOQueue(cfg.DATA.QUEUE_BATCHES, [s.dtype for s in model.inputs()], name="input_queue")
+    data = QueueInput(TrainingBatches(roidb, cfg, seed=cfg.TRAIN.SEED + 7919 * rank), queue=queue)
+    if tf.config.list_physical_devices("GPU"):  # lists devices only: creates none, maps nothing
+        data = StagingInput(data)  # the next batch's host-to-device copy overlaps this step
+    fp16 = cfg.TRAIN.GRADIENT_COMPRESSION == "fp16" or (
+        cfg.TRAIN.GRADIENT_COMPRESSION == "auto" and size > hvd.local_size())  # auto: across nodes
+    trainer = HorovodTrainer(average=True, compression=hvd.Compression.fp16 if fp16 else None)
     global_batch = cfg.TRAIN.BATCH_SIZE_PER_GPU * size
 
     callbacks = [
