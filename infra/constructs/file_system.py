@@ -9,6 +9,7 @@ from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_efs as efs
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_sns as sns
+from aws_cdk import aws_ssm as ssm
 from constructs import Construct
 
 NFS_PORT = 2049
@@ -67,6 +68,22 @@ class SharedFileSystem(Construct):
                 allow_anonymous_access=True,
             )
         self.file_system_id: str = self.file_system.file_system_id
+        # Other stacks read the id from this parameter at deploy time instead of importing an
+        # export: CloudFormation refuses to change or remove an export another stack imports,
+        # so switching to (or between) existing_file_system_id would fail while a training
+        # stack exists. The parameter just changes; the training stacks take the new id at
+        # their next deploy (the CDK CLI never skips a stack with SSM parameters).
+        stack = Stack.of(self)
+        # A literal name (a Ref to the parameter would itself be an export).
+        self.id_parameter_name = f"/maskrcnn/{stack.stack_name}/file-system-id"
+        self.id_parameter = ssm.StringParameter(
+            self, "IdParameter", parameter_name=self.id_parameter_name,
+            string_value=self.file_system_id,
+            description="Id of the shared EFS file system, read by the training stacks")
+        if not existing_file_system_id:
+            # Keeps the export that training stacks deployed by earlier versions of this app
+            # import, so this version's shared stack can be deployed under them.
+            stack.export_value(self.file_system_id)
         self.burst_credit_alarm: cloudwatch.Alarm | None = None
         if throughput_mode == "bursting":
             self.burst_credit_alarm = self._burst_credit_alarm(alarm_topic)
@@ -87,11 +104,21 @@ class SharedFileSystem(Construct):
             alarm.add_alarm_action(cloudwatch_actions.SnsAction(topic))
         return alarm
 
+    def id_in(self, scope: Construct) -> str:
+        """The file system's id as `scope`'s stack may use it: the id itself in this stack, the
+        SSM parameter's value (resolved at deploy) in any other."""
+        stack = Stack.of(scope)
+        if stack is Stack.of(self):
+            return self.file_system_id
+        stack.add_dependency(Stack.of(self), "reads the file system id parameter")
+        return ssm.StringParameter.value_for_string_parameter(stack, self.id_parameter_name)
+
     def grant_client_access(self, grantee: iam.IGrantable) -> None:
         """Mount and write, for clients that mount with IAM authorization (efs-utils `iam`).
-        The ARN is built from the id in the grantee's stack, so only the id crosses stacks."""
-        arn = Stack.of(grantee).format_arn(service="elasticfilesystem", resource="file-system",
-                                           resource_name=self.file_system_id)
+        The ARN is built in the grantee's stack from the id as that stack reads it."""
+        stack = Stack.of(grantee)
+        arn = stack.format_arn(service="elasticfilesystem", resource="file-system",
+                               resource_name=self.id_in(stack))
         iam.Grant.add_to_principal(
             grantee=grantee, resource_arns=[arn],
             actions=["elasticfilesystem:ClientMount", "elasticfilesystem:ClientWrite"])

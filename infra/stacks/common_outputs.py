@@ -13,7 +13,7 @@ def add_shared_outputs(stack: Stack, *, shared: NetworkStorageStack, image: Trai
     launchers read everything from the stack they launch on. cfn-lint's W6001 ("output value is
     an import from another output") flags exactly that, so it is acknowledged for these outputs'
     templates."""
-    CfnOutput(stack, outputs.FILE_SYSTEM_ID, value=shared.file_system.file_system_id)
+    CfnOutput(stack, outputs.FILE_SYSTEM_ID, value=shared.file_system.id_in(stack))
     CfnOutput(stack, outputs.BUCKET_NAME, value=shared.data_bucket.bucket.bucket_name)
     CfnOutput(stack, outputs.TRAINING_IMAGE_URI, value=image.image_uri)
     CfnOutput(stack, outputs.PRIVATE_SUBNET_IDS, value=Fn.join(

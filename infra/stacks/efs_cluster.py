@@ -34,7 +34,7 @@ class EfsClusterStack(Stack):
             node=NodeSpec(instance_type=config.instance_type,
                           ebs_volume_size_gib=config.ebs_volume_size_gib, efa=config.efa),
             worker_count=config.worker_count,
-            file_system_id=shared.file_system.file_system_id,
+            file_system_id=shared.file_system.id_in(self),
             bucket_name=shared.data_bucket.bucket.bucket_name,
             training_image_uri=image.image_uri,
             notification_topic=shared.notifications.topic,

@@ -28,7 +28,7 @@ class SageMakerStack(Stack):
             self, "Notebook", vpc=vpc, subnet=shared.network.private_subnets[0],
             instance_type=config.notebook_instance_type,
             volume_size_gib=config.notebook_volume_size_gib,
-            file_system_id=shared.file_system.file_system_id, training_role=training.role,
+            file_system_id=shared.file_system.id_in(self), training_role=training.role,
             training_subnets=shared.network.private_subnets,
             training_security_group=training.security_group)
 

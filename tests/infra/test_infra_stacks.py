@@ -108,8 +108,32 @@ def test_existing_file_system_is_reused_with_new_mount_targets(variant_synth):
     targets = variant_synth.resources(SHARED, "AWS::EFS::MountTarget").values()
     assert len(targets) == 2
     assert {t["Properties"]["FileSystemId"] for t in targets} == {"fs-0123456789abcdef0"}
-    outputs_ = variant_synth.templates[CLUSTER]["Outputs"]
-    assert outputs_[outputs.FILE_SYSTEM_ID]["Value"] == "fs-0123456789abcdef0"
+    (parameter,) = variant_synth.resources(SHARED, "AWS::SSM::Parameter").values()
+    assert parameter["Properties"]["Value"] == "fs-0123456789abcdef0"
+    cluster = variant_synth.templates[CLUSTER]
+    reference = cluster["Outputs"][outputs.FILE_SYSTEM_ID]["Value"]["Ref"]
+    assert cluster["Parameters"][reference] == {
+        "Type": "AWS::SSM::Parameter::Value<String>",
+        "Default": f"/maskrcnn/team-a-{SHARED}/file-system-id"}
+    assert parameter["Properties"]["Name"] == cluster["Parameters"][reference]["Default"]
+
+
+def test_training_stacks_import_nothing_that_depends_on_the_file_system(default_synth,
+                                                                        variant_synth):
+    """CloudFormation refuses to change or remove an export that another stack imports: if the
+    training stacks imported the file system's id, changing existing_file_system_id (or switching
+    between a created and an existing file system) would fail while they exist. They read it
+    from an SSM parameter at deploy time instead."""
+    for synth in (default_synth, variant_synth):
+        exports = {o["Export"]["Name"]: o["Value"]
+                   for o in synth.templates[SHARED]["Outputs"].values() if "Export" in o}
+        for stack in (CLUSTER, SAGEMAKER):
+            imported = set(re.findall(r'"Fn::ImportValue": "([^"]+)"',
+                                      json.dumps(synth.templates[stack])))
+            assert imported and imported <= set(exports)
+            for name in imported:
+                value = json.dumps(exports[name])
+                assert "FileSystem" not in value.replace("FileSystemSecurityGroup", ""), name
 
 
 def test_burst_credit_alarm_only_in_bursting_mode(default_synth, variant_synth):
@@ -541,7 +565,9 @@ def test_notebook_lifecycle_config_mounts_efs_at_home_efs(default_synth):
     script = "".join(p if isinstance(p, str) else "<value>" for p in parts)
     assert "export FILE_SYSTEM_ID=<value>" in script
     assert "MOUNT=/home/ec2-user/efs" in script and "mount -t nfs4" in script
-    assert any(isinstance(p, dict) and "Fn::ImportValue" in p for p in parts)
+    (id_parameter,) = [lid for lid, p in default_synth.templates[SAGEMAKER]["Parameters"].items()
+                       if p["Default"] == f"/maskrcnn/{SHARED}/file-system-id"]
+    assert {"Ref": id_parameter} in parts
 
 
 def test_training_security_group_allows_its_own_instances_only(default_synth):
@@ -592,7 +618,7 @@ def test_training_role_pulls_the_image_reads_data_and_places_jobs_in_the_vpc(def
     ecr = [s for s in policy if any(a.startswith("ecr:Batch") for a in actions(s))]
     assert ecr and all("container-assets" in json.dumps(s["Resource"]) for s in ecr)
     efs = [s for s in policy if "elasticfilesystem:ClientMount" in actions(s)]
-    assert efs and "FileSystem" in json.dumps(efs[0]["Resource"])
+    assert efs and ":file-system/" in json.dumps(efs[0]["Resource"])
     metrics = by_sid["WriteJobMetrics"]
     assert metrics["Condition"] == {"StringEquals": {"cloudwatch:namespace":
                                                      "/aws/sagemaker/TrainingJobs"}}
