@@ -159,3 +159,40 @@ def test_c4_inference_graph_builds_on_its_own(tf_session, coco_like):
     outputs = [tf.compat.v1.get_default_graph().get_tensor_by_name(f"{n}:0") for n in OUTPUT_NAMES]
     out = sess.run(outputs, {images: np.zeros((1, 128, 192, 3), np.float32), image_hw: [[128, 180]]})
     assert out[3].shape[1:] == (14, 14) or len(out[3]) == 0
+
+
+def test_images_and_pixel_statistics_are_both_bgr(tf_session, tmp_path):
+    """tensorpack's ImageNet weights take BGR input normalised with BGR statistics; their conv0 is
+    frozen, so a swapped channel order could never be trained away."""
+    import cv2
+    tf, sess = tf_session
+    from training.data.pipeline import read_image
+    from training.model.generalized_rcnn import MaskRCNN
+    cfg = new_config()
+    pure_blue = np.zeros((8, 8, 3), np.uint8)
+    pure_blue[..., 0] = 255                                   # OpenCV writes BGR: channel 0 is blue
+    cv2.imwrite(str(tmp_path / "blue.png"), pure_blue)
+    image = read_image(str(tmp_path / "blue.png"))
+    assert image[0, 0].tolist() == [255, 0, 0]
+    # ImageNet's blue mean/std is 103.53/57.375 (red 123.675/58.395): blue comes first here too
+    assert cfg.PREPROC.PIXEL_MEAN == [103.53, 116.28, 123.675] and cfg.PREPROC.PIXEL_STD == [57.375, 57.12, 58.395]
+    model = MaskRCNN(finalize(cfg, num_ranks=1, class_names=["BG", "a"], has_gpu=False))
+    normalised = sess.run(model._preprocess(tf.constant(image[None])))
+    np.testing.assert_allclose(normalised[0, 0, 0], [(255 - 103.53) / 57.375, -116.28 / 57.12, -123.675 / 58.395],
+                               rtol=1e-5)
+
+
+def test_xla_training_batches_come_in_a_few_fixed_shapes(coco_like):
+    """With TRAIN.XLA, every batch is padded to one of {S, L} x {S, L} (S = 800, L = 1344 here):
+    XLA compiles once per input shape, so free shapes (800x1088, 800x1216, 1216x800, ...) would
+    recompile at almost every step."""
+    from training.data.pipeline import TrainingBatches
+    from training.model.anchors import all_anchors
+    cfg = _cfg(coco_like, "TRAIN.XLA=True", "PREPROC.TRAIN_SHORT_EDGE_SIZE=[640, 800]", "PREPROC.HORIZONTAL_FLIP=True")
+    batches = iter(TrainingBatches(coco_like.training_roidb(), cfg, seed=1))
+    shapes = set()
+    for _ in range(6):
+        images, _, _, _, _, _, anchor_labels, _ = next(batches)
+        shapes.add(images.shape[1:3])
+        assert anchor_labels.shape[1] == sum(len(a) for a in all_anchors(cfg, *images.shape[1:3]))
+    assert shapes <= {(800, 1344), (1344, 800), (1344, 1344), (800, 800)}, shapes

@@ -43,6 +43,22 @@ def padded_size(height: int, width: int, divisor: int = SIZE_DIVISOR) -> tuple[i
     return -(-height // divisor) * divisor, -(-width // divisor) * divisor
 
 
+def batch_padded_size(sizes, cfg) -> tuple[int, int]:
+    """Padded side lengths of a training batch of images of ``sizes`` ``[(h, w), ...]``.
+
+    The smallest multiples of 32 that hold them; with TRAIN.XLA, one of at most four fixed shapes
+    instead, ``{S, L} x {S, L}`` where S and L are the longest short and long edge the resizing can
+    give (PREPROC.TRAIN_SHORT_EDGE_SIZE[1] and PREPROC.MAX_SIZE, rounded up to 32): (S, L) for a
+    landscape batch, (L, S) portrait, (L, L) mixed. XLA compiles each cluster once per input
+    shape; with free shapes it would recompile at almost every step.
+    """
+    hp, wp = padded_size(max(h for h, _ in sizes), max(w for _, w in sizes))
+    if not cfg.TRAIN.XLA:
+        return hp, wp
+    short, long = padded_size(cfg.PREPROC.TRAIN_SHORT_EDGE_SIZE[1], cfg.PREPROC.MAX_SIZE)
+    return (short if hp <= short else long), (short if wp <= short else long)
+
+
 @dataclasses.dataclass(frozen=True)
 class Augmentation:
     """What happens to one training image, drawn before it is read: the batch's shape follows."""
@@ -111,7 +127,7 @@ def prepare_training_example(record: dict, cfg, rng: np.random.Generator) -> dic
 
 def _empty_batch(sizes: list[tuple[int, int]], num_gt: list[int], anchors: AnchorSet, cfg) -> list[np.ndarray]:
     b = len(sizes)
-    hp, wp = padded_size(max(h for h, _ in sizes), max(w for _, w in sizes))
+    hp, wp = batch_padded_size(sizes, cfg)
     g = max(1, max(num_gt))
     return [
         np.zeros((b, hp, wp, 3), np.uint8),                                  # images, BGR
@@ -146,7 +162,7 @@ def _place(batch: list[np.ndarray], i: int, example: dict, anchors: AnchorSet, c
 def collate_training_batch(examples: list[dict], cfg, rng: np.random.Generator) -> list[np.ndarray]:
     """Pad prepared examples into the model's training inputs (see MaskRCNN.inputs), in this thread."""
     sizes = [e["image"].shape[:2] for e in examples]
-    hp, wp = padded_size(max(h for h, _ in sizes), max(w for _, w in sizes))
+    hp, wp = batch_padded_size(sizes, cfg)
     anchors = AnchorSet.build(cfg, hp, wp)
     batch = _empty_batch(sizes, [int((~e["is_crowd"]).sum()) for e in examples], anchors, cfg)
     for i, e in enumerate(examples):
@@ -202,7 +218,7 @@ class TrainingBatches(DataFlow):
         rngs = [np.random.default_rng(next(seeds)) for _ in picked]
         augs = [draw_augmentation(rec, cfg, rng) for rec, rng in zip(picked, rngs)]
         sizes = [(a.height, a.width) for a in augs]
-        anchors = self._anchor_set(*padded_size(max(h for h, _ in sizes), max(w for _, w in sizes)))
+        anchors = self._anchor_set(*batch_padded_size(sizes, cfg))
         batch = _empty_batch(sizes, [int(np.sum(np.asarray(r["is_crowd"]) == 0)) for r in picked], anchors, cfg)
         futures = [pool.submit(_fill_slot, batch, i, rec, aug, anchors, cfg, rng)
                    for i, (rec, aug, rng) in enumerate(zip(picked, augs, rngs))]
