@@ -8,9 +8,11 @@ gave their instances. On the master, the entry's `cluster-train` (launch.cluster
 nodes through the groups, health-checks them over SSH, and runs the real mpirun over them: Horovod
 (built with MPI) trains Mask R-CNN on synthetic data, one CPU rank per node.
 
-Then a worker dies mid-run (all its processes killed, as when its container or machine goes): the
-run notices, says it waits for the cluster to be whole, and once the worker's sshd is back (the
-container restarted) resumes from the checkpoint with the same ranks, global batch and LR schedule.
+Then a worker dies mid-run (all its processes killed, as when its machine goes): the run notices,
+says it waits for the cluster to be whole, and the auto-scaling group replaces the instance (moto
+launches a new one at another IP; the dead host comes back at that IP, set up as a new node). The
+run rediscovers the group, finds 3 healthy ranks again and resumes from the checkpoint with the same
+ranks, global batch and LR schedule.
 """
 import json
 import os
@@ -56,6 +58,19 @@ for role, (name, size) in {GROUPS!r}.items():
     ips[role] = sorted(i["PrivateIpAddress"] for r in ec2.describe_instances(InstanceIds=ids)["Reservations"]
                        for i in r["Instances"])
 print(json.dumps(ips))
+"""
+# Run inside the master against its moto: the group replaces the instance at the given IP, as it does
+# an instance that failed its health checks; prints the replacement's IP.
+REPLACE_INSTANCE = """
+import boto3, sys
+ec2, asg = boto3.client("ec2"), boto3.client("autoscaling")
+dead = ec2.describe_instances(Filters=[{"Name": "private-ip-address", "Values": [sys.argv[1]]}])
+dead = dead["Reservations"][0]["Instances"][0]["InstanceId"]
+asg.terminate_instance_in_auto_scaling_group(InstanceId=dead, ShouldDecrementDesiredCapacity=False)
+group = asg.describe_auto_scaling_groups(AutoScalingGroupNames=[sys.argv[2]])["AutoScalingGroups"][0]
+ids = [i["InstanceId"] for i in group["Instances"] if i["LifecycleState"] == "InService"]
+ips = [i["PrivateIpAddress"] for r in ec2.describe_instances(InstanceIds=ids)["Reservations"] for i in r["Instances"]]
+print([ip for ip in ips if ip != sys.argv[1] and ip not in sys.argv[3:]][0])
 """
 
 
@@ -209,7 +224,16 @@ def test_cluster_trains_and_resumes_after_a_worker_dies(cluster, tmp_path):
         out.wait_for(r"training failed \(exit \d+\); re-checking nodes", 120)
         out.wait_for(rf"the run trained on 3 ranks, 2 are healthy now: waiting for the cluster to be whole", 120)
         assert re.search(rf"{re.escape(worker.address)}\s+worker\s+NO\s.*unreachable", out.text())
-        # The worker's container comes back (restart policy, or the group's replacement at that IP).
+        # The group replaces the instance; the replacement boots as a node (boot script: cluster.env
+        # with its PRIVATE_IP, the cluster key; container `cluster-node`).
+        others = [h.address for h in hosts if h is not worker]
+        new = master.run([sys.executable, "-c", REPLACE_INSTANCE, worker.address, GROUPS["worker"][0], *others],
+                         env=aws, timeout=60)
+        assert new.returncode == 0, new.stderr
+        _readdress(worker, new.stdout.strip())
+        for host in hosts:
+            host.path("/etc/hosts").write_text(hosts.etc_hosts())
+        _install_node(worker, role="worker", key_dir=tmp_path / "cluster-key")
         _start_node(worker)
         assert run.wait(timeout=600) == 0, out.text()[-5000:]
     finally:
