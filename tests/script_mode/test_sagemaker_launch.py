@@ -144,15 +144,15 @@ def test_dry_run_prints_the_request_and_creates_no_job(stack, tmp_path, capsys):
     assert stack.client("sagemaker").list_training_jobs()["TrainingJobSummaries"] == []
 
 
-def test_the_sdks_role_check_does_not_stop_the_launcher(stack, tmp_path, monkeypatch, capsys):
+def test_the_sdks_role_check_does_not_stop_the_launcher(stack, tmp_path, monkeypatch):
     """With the SDK's role check on (its default), building the trainer would simulate the stack's
     scoped role (iam:SimulatePrincipalPolicy; moto has no such API and errors): the launcher skips it."""
     monkeypatch.delenv("SAGEMAKER_VALIDATE_ROLE")
     simulated = []
     stack.events.register("before-send.iam.SimulatePrincipalPolicy",
                           lambda request, **kw: simulated.append(request.body))
-    assert launcher.main(["--strategy", "ps", "--dry-run", "--data", str(tmp_path / "data")]) == 0
-    assert json.loads(capsys.readouterr().out)["RoleArn"] == STACK_OUTPUTS[outputs.TRAINING_ROLE_ARN]
     with tempfile.TemporaryDirectory() as code_dir:
-        launcher.build_trainer(stack, ScriptModeJob(strategy="ps", data=str(tmp_path / "data")), Path(code_dir))
+        trainer = launcher.build_trainer(stack, ScriptModeJob(strategy="ps", data=str(tmp_path / "data")),
+                                         Path(code_dir))
+    assert trainer.role == STACK_OUTPUTS[outputs.TRAINING_ROLE_ARN]
     assert simulated == []
