@@ -157,6 +157,9 @@ def test_image_runs_tensorflows_cuda_libraries_and_no_others():
     apt = [w for m in re.finditer(r"apt-get install ([^&;]*)", run) for w in m.group(1).split()
            if not w.startswith("-")]
     assert "openmpi-bin" in apt and "curl" in apt
+    # The SageMaker SDK's driver (sm_train.sh, script-mode jobs) exits unless `pip3` or `pip` is on PATH.
+    from sagemaker.train.templates import TRAIN_SCRIPT_TEMPLATE
+    assert "command -v pip3" in TRAIN_SCRIPT_TEMPLATE and "python3-pip" in apt
     for package in apt:
         assert not package.startswith(("libcudnn", "libnccl", "cuda-", "build-essential", "cmake", "python3-dev")), \
             package
