@@ -49,7 +49,18 @@ TRACE = textwrap.dedent("""
         original_init(self, target, graph, config)
 
     tf_session.Session.__init__ = traced_init
-    trace_file = os.path.join(sys.argv[1], f"sessions-{os.environ.get('HOROVOD_RANK', '0')}.json")
+    trace_dir, rank = sys.argv[1], os.environ.get("HOROVOD_RANK", "0")
+    image_stats = []
+    original_isfile = os.path.isfile
+
+    def counted_isfile(path):
+        if str(path).endswith(".jpg"):  # written at once: horovodrun may end a rank before atexit
+            image_stats.append(path)
+            open(os.path.join(trace_dir, f"image-stats-{rank}"), "w").write(str(len(image_stats)))
+        return original_isfile(path)
+
+    os.path.isfile = counted_isfile
+    trace_file = os.path.join(trace_dir, f"sessions-{rank}.json")
     atexit.register(lambda: open(trace_file, "w").write(json.dumps(
         {"local_rank": os.environ.get("HOROVOD_LOCAL_RANK", "0"), "sessions": sessions})))
     sys.argv = ["training.train"] + sys.argv[2:]
@@ -65,7 +76,7 @@ def coco_data(tmp_path_factory):
     return out
 
 
-def _run(tmp_path, data, processes: int, extra: list[str]):
+def _run(tmp_path, data, processes: int, extra: list[str], returncode: int = 0):
     (tmp_path / "trace.py").write_text(TRACE)
     trace_dir = tmp_path / "trace"
     trace_dir.mkdir()
@@ -79,7 +90,9 @@ def _run(tmp_path, data, processes: int, extra: list[str]):
                PYTHONPATH=str(REPO))
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out[-5000:]
+    assert (proc.returncode != 0) == bool(returncode), out[-5000:]
+    if returncode:
+        return out, {p.name[-1]: int(p.read_text()) for p in trace_dir.glob("image-stats-*")}
     traces = [json.loads(p.read_text()) for p in sorted(trace_dir.glob("sessions-*.json"))]
     assert len(traces) == processes, out[-3000:]
     return out, traces
@@ -113,3 +126,18 @@ def test_one_process_at_coco_shapes_trains_and_maps_no_gpu_before_the_trainer(tm
     out, traces = _run(tmp_path, coco_data, 1, ["TRAIN.IMAGES_PER_EPOCH=8", "TRAIN.LR_EPOCH_SCHEDULE=[(1, None)]"])
     assert "step 2/2 " in out and (tmp_path / "log" / "model-2.index").exists()
     _assert_no_gpu_mapping_before_the_trainer(traces[0])
+
+
+@pytest.mark.slow
+def test_rank_zero_alone_checks_the_image_files_and_every_rank_stops(tmp_path, coco_data):
+    data = tmp_path / "data"
+    shutil.copytree(coco_data, data)
+    missing = sorted((data / "train2017").iterdir())[3]
+    missing.unlink()
+    out, stats = _run(tmp_path, data, 2, [], returncode=2)
+    assert f"missing from {data / 'train2017'}: {missing.name}" in out
+    assert out.count("image(s) listed in") == 1  # rank 0's verdict, printed once
+    # rank 0 stats every image (from 32 threads, so the last count written may lag a little); rank 1
+    # only the first image of each split
+    assert stats["0"] >= 5 and stats["1"] <= 2
+    assert not (tmp_path / "log").exists()
