@@ -7,6 +7,8 @@
 #   /efs/.maskrcnn/$STACK_NAME/nodes/IP one line "IP slots=GPUS" per node that has booted
 #   /etc/maskrcnn/ssh/                  id_ed25519, id_ed25519.pub, authorized_keys (cluster key)
 #   /etc/maskrcnn/hostfile              "IP slots=GPUS" for the InService nodes, master first
+#   LOCAL_NVME in cluster.env           $NVME_MOUNT when the instance has instance-store NVMe
+#                                       (then also mounted in the container), else empty
 #   container "maskrcnn"                $TRAINING_IMAGE_URI running `cluster-node` (sshd on
 #                                       $PRIVATE_IP:$SSH_PORT), restarted by Docker after a
 #                                       reboot, once /efs is mounted again
@@ -107,12 +109,21 @@ mount_efs() {
   mountpoint -q "$EFS_MOUNT" || retry 60 10 timeout 60 mount "$EFS_MOUNT"
 }
 
+find_local_nvme() {  # the instance-store NVMe the AMI mounted, if this type has one
+  LOCAL_NVME=""
+  if mountpoint -q "$NVME_MOUNT"; then
+    LOCAL_NVME=$NVME_MOUNT
+  fi
+  echo "LOCAL_NVME=$LOCAL_NVME" >> /etc/maskrcnn/cluster.env
+}
+
 order_docker_after_efs() {
   # After a reboot Docker can start, and restart the container, before the NFS mount is back:
   # the container then sees the empty directory under /efs. Docker waits for the mount (and, if
-  # the mount fails, does not start: the health check then reports the node).
+  # the mount fails, does not start: the health check then reports the node). The same for the
+  # NVMe, which the AMI mounts again at every boot.
   mkdir -p /etc/systemd/system/docker.service.d
-  printf '[Unit]\nRequiresMountsFor=%s\n' "$EFS_MOUNT" \
+  printf '[Unit]\nRequiresMountsFor=%s\n' "$EFS_MOUNT${LOCAL_NVME:+ $LOCAL_NVME}" \
     > /etc/systemd/system/docker.service.d/maskrcnn-efs.conf
   systemctl daemon-reload
 }
@@ -188,6 +199,9 @@ start_container() {
   if (( efa )); then
     extra+=(--ulimit memlock=-1:-1)
   fi
+  if [[ -n "$LOCAL_NVME" ]]; then  # dataset staging target (launch/ copies the data there)
+    extra+=(-v "$LOCAL_NVME:$LOCAL_NVME")
+  fi
   docker rm -f maskrcnn >/dev/null 2>&1 || true
   docker run -d --name maskrcnn --restart unless-stopped "${extra[@]}" \
     --network host --ipc host \
@@ -249,6 +263,7 @@ SLOTS=$(( GPUS > 0 ? GPUS : 1 ))  # a CPU-only node runs one process
 # The container's sshd listens on this address only (never on the master's public address).
 echo "PRIVATE_IP=$PRIVATE_IP" >> /etc/maskrcnn/cluster.env
 mount_efs
+find_local_nvme
 order_docker_after_efs
 register_node
 if [[ "$ROLE" == master ]]; then

@@ -32,7 +32,9 @@ STUBS = {
     "nvidia-smi": 'for ((i = 0; i < NODE_GPUS; i++)); do echo "GPU $i: NVIDIA A10G (UUID: GPU-$i)"; done',
     "docker": 'echo "docker $*" >> "$NODE_CALLS"; [ "$1" != login ] || cat > "$NODE_CALLS.password"',
     "mount": 'echo "mount $*" >> "$NODE_CALLS"; touch "$NODE_CALLS.mounted"',
-    "mountpoint": '[ -e "$NODE_CALLS.mounted" ]',
+    # The instance-store NVMe is mounted where NODE_NVME says (the master here); EFS once mounted.
+    "mountpoint": 'p="${*: -1}"; [ "$p" = "$NODE_NVME" ] && exit 0; '
+                  '[[ "$p" != *nvme* ]] && [ -e "$NODE_CALLS.mounted" ]',
     "apt-get": 'echo "apt-get $*" >> "$NODE_CALLS"',
     "mount.nfs4": "exit 0",
     "systemctl": 'echo "systemctl $*" >> "$NODE_CALLS"',
@@ -109,7 +111,7 @@ def _instance(group_name: str) -> tuple[str, str]:
 
 
 def _start_node(root: Path, user_data: str, imds: str, stubs: Path,
-                gpus: int) -> subprocess.Popen:
+                gpus: int, nvme: str = "") -> subprocess.Popen:
     (root / "log").mkdir(parents=True)
     (root / "bin").mkdir()
     (root / "etc").mkdir()
@@ -124,7 +126,7 @@ def _start_node(root: Path, user_data: str, imds: str, stubs: Path,
              f" && test -e /etc/MASKRCNN_SANDBOX && exec bash {root / 'user-data'}")
     env = {**os.environ, "PATH": f"{stubs}:{os.environ['PATH']}",
            "NODE_CALLS": str(root / "calls.log"), "AWS_EC2_METADATA_SERVICE_ENDPOINT": imds,
-           "NODE_GPUS": str(gpus)}
+           "NODE_GPUS": str(gpus), "NODE_NVME": nvme}
     return subprocess.Popen(["unshare", "--mount", "--propagation", "private", "bash", "-c", setup],
                             env=env, stdout=(root / "console.log").open("w"),
                             stderr=subprocess.STDOUT)
@@ -146,6 +148,8 @@ def test_master_and_worker_boot_into_the_node_contract(aws_env, default_synth, t
         Name=f"{CLUSTER}-cluster-key", SecretString="generated-placeholder")["ARN"]
     efs = tmp_path / "efs"
     efs.mkdir()
+    nvme = tmp_path / "nvme"
+    nvme.mkdir()
     stubs = tmp_path / "stubs"
     stubs.mkdir()
     for name, body in STUBS.items():
@@ -157,15 +161,19 @@ def test_master_and_worker_boot_into_the_node_contract(aws_env, default_synth, t
                                 ("worker", "ClusterWorker", stack_outputs[outputs.WORKER_ASG_NAME])):
         user_data = _launch_template_user_data(prefix)
         assert "CLUSTER_KEY_SECRET_ARN=None\n" in user_data and "\nEFS_MOUNT=/efs\n" in user_data
+        assert "\nNVME_MOUNT=/opt/dlami/nvme\n" in user_data
         user_data = (user_data.replace("CLUSTER_KEY_SECRET_ARN=None\n",
                                        f"CLUSTER_KEY_SECRET_ARN={secret_arn}\n")
-                     .replace("\nEFS_MOUNT=/efs\n", f"\nEFS_MOUNT={efs}\n"))
+                     .replace("\nEFS_MOUNT=/efs\n", f"\nEFS_MOUNT={efs}\n")
+                     .replace("\nNVME_MOUNT=/opt/dlami/nvme\n", f"\nNVME_MOUNT={nvme}\n"))
         instance_id, ip = _instance(group)
         nodes[role] = {"id": instance_id, "ip": ip, "root": tmp_path / role,
                        "user_data": user_data, "imds": _imds(instance_id, ip, instance_type)}
         # The worker starts first: it must wait for the master to publish the cluster key.
+        # The master's type has instance-store NVMe, the worker's not (as if another type).
         nodes[role]["process"] = _start_node(tmp_path / role, user_data, nodes[role]["imds"],
-                                             stubs, gpus=GPUS_OF_TYPE)
+                                             stubs, gpus=GPUS_OF_TYPE,
+                                             nvme=str(nvme) if role == "master" else "")
     for role, node in nodes.items():
         returncode = node["process"].wait(timeout=240)
         console = (node["root"] / "console.log").read_text()
@@ -187,8 +195,11 @@ def test_master_and_worker_boot_into_the_node_contract(aws_env, default_synth, t
         # After a reboot Docker starts only once EFS is mounted again (systemd orders it after
         # the mount unit of the fstab line), and the bind mount follows later mounts.
         drop_in = node["root"] / "etc" / "systemd" / "system" / "docker.service.d"
+        local = f" {nvme}" if node is master else ""
         assert (drop_in / "maskrcnn-efs.conf").read_text() == (
-            f"[Unit]\nRequiresMountsFor={efs}\n")
+            f"[Unit]\nRequiresMountsFor={efs}{local}\n")
+        # The instance-store NVMe, when there is one, is the dataset's staging target.
+        assert env["LOCAL_NVME"] == (str(nvme) if node is master else "")
         fstab = (node["root"] / "etc" / "fstab").read_text()
         assert (f"{env['FILE_SYSTEM_ID']}.efs.us-east-1.amazonaws.com:/ {efs} nfs4 nfsvers=4.1,"
                 "rsize=1048576,wsize=1048576,hard,timeo=600,retrans=2,noresvport,_netdev 0 0"
@@ -206,10 +217,11 @@ def test_master_and_worker_boot_into_the_node_contract(aws_env, default_synth, t
         assert f"docker pull --quiet {image}" in calls
         assert calls.index("systemctl daemon-reload") < calls.index(
             f"docker pull --quiet {image}")
+        nvme_volume = f"-v {nvme}:{nvme} " if node is master else ""
         assert calls[-1] == (
-            f"docker run -d --name maskrcnn --restart unless-stopped --gpus all --network host "
-            f"--ipc host -v {efs}:{efs}:rslave -v /etc/maskrcnn:/etc/maskrcnn:ro {image} "
-            "cluster-node")
+            f"docker run -d --name maskrcnn --restart unless-stopped --gpus all {nvme_volume}"
+            f"--network host --ipc host -v {efs}:{efs}:rslave -v /etc/maskrcnn:/etc/maskrcnn:ro "
+            f"{image} cluster-node")
         assert "docker exec -i maskrcnn maskrcnn-entrypoint cluster-train" in (
             node["root"] / "bin" / "maskrcnn-train").read_text()
         assert "ready: 8 GPUs" in (node["root"] / "log" / "maskrcnn-boot.log").read_text()

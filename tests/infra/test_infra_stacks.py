@@ -427,6 +427,7 @@ def test_user_data_writes_the_node_contract(default_synth, prefix, role):
             "TRAINING_IMAGE_URI", "MASTER_ASG_NAME", "WORKER_ASG_NAME", "CLUSTER_KEY_SECRET_ARN",
             "EFS_MOUNT", "SSH_PORT"} <= set(env)
     assert (env["ROLE"], env["EFS_MOUNT"], env["SSH_PORT"]) == (role, "/efs", "2222")
+    assert env["NVME_MOUNT"] == "/opt/dlami/nvme"   # where the Deep Learning AMI mounts NVMe
     assert (env["MASTER_ASG_NAME"], env["WORKER_ASG_NAME"]) == (f"{CLUSTER}-master",
                                                                 f"{CLUSTER}-worker")
     # The boot script itself (infra/userdata/cluster_node.sh) follows the environment.
