@@ -1,6 +1,8 @@
 """Training throughput of one process at a fixed small config: images/s of full training steps.
 
     python bench/train_throughput.py [--steps 100] [--batch-size 2] [--mixed-precision] [--xla]
+    python bench/train_throughput.py --scale coco --mixed-precision     # on a GPU: images/s per GPU at
+                                                                        # the default COCO config, batch 4, AMP
 
 Batches are prepared before timing, so this measures the model (forward, backward, update),
 not the input pipeline (see bench/input_pipeline.py). On a GPU machine the same command runs
@@ -59,7 +61,8 @@ def main(argv=None):
             sess.run(train_op, feed_dict=next(feeds))
         elapsed = time.perf_counter() - start
     images = args.steps * cfg.TRAIN.BATCH_SIZE_PER_GPU
-    _common.write_result("train_throughput", args, {
+    _common.write_result("train_throughput-coco" if args.scale == "coco" else "train_throughput", args, {
+        "scale": args.scale,
         "preset": args.preset, "overrides": args.config, "batch_size": cfg.TRAIN.BATCH_SIZE_PER_GPU,
         "data_format": cfg.BACKBONE.DATA_FORMAT, "image_short_edge": cfg.PREPROC.TRAIN_SHORT_EDGE_SIZE,
         "mixed_precision": cfg.TRAIN.MIXED_PRECISION, "xla": cfg.TRAIN.XLA, "threads": args.threads or "default",
