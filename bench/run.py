@@ -16,6 +16,7 @@ BENCHMARKS = {
     "train_throughput": [],
     "synth_time": [],
     "script_mode_compare": ["--repeats", "3"],
+    "staging_efs": [],
 }
 
 
