@@ -10,6 +10,7 @@ from aws_cdk import aws_sagemaker as sagemaker
 from constructs import Construct
 
 from infra.constructs.acknowledge import acknowledge
+from infra.constructs.project_code import ProjectCode
 from infra.constructs.training_job import TRAINING_LOG_GROUP
 from infra.userdata import NOTEBOOK_ON_START_SCRIPT, script_body
 
@@ -31,6 +32,9 @@ class Notebook(Construct):
                  instance_type: str, volume_size_gib: int, file_system_id: str,
                  training_role: iam.IRole, training_subnets: list[ec2.ISubnet],
                  training_security_group: ec2.ISecurityGroup) -> None:
+        """The lifecycle script mounts EFS at ~/efs (linked as `efs` in the Jupyter root) and
+        unpacks the project (code, docs, walkthrough notebook) into ~/SageMaker/maskrcnn-on-aws
+        on the first start."""
         super().__init__(scope, id)
         stack = Stack.of(self)
 
@@ -97,10 +101,13 @@ class Notebook(Construct):
             "Reads the log streams of its training jobs (named after each job) in SageMaker's "
             "fixed training-jobs log group.")
 
+        self.project_code = ProjectCode(self, "ProjectCode")
+        self.project_code.grant_download(self.role)
         on_start = Fn.join("", [
             "#!/bin/bash\n",
             "export FILE_SYSTEM_ID=", file_system_id, "\n",
             "export AWS_REGION=", Aws.REGION, "\n",
+            "export PROJECT_CODE_URL=", self.project_code.s3_url, "\n",
             script_body(NOTEBOOK_ON_START_SCRIPT),
         ])
         self.lifecycle_config = sagemaker.CfnNotebookInstanceLifecycleConfig(

@@ -1,11 +1,27 @@
 #!/bin/bash
 # On-start lifecycle script of the SageMaker notebook. SageMaker runs it as root at every start
-# (limit: 5 minutes); the stack prepends FILE_SYSTEM_ID and AWS_REGION. Mounts the shared EFS at
-# ~/efs, where COCO staged once serves both the notebook's training jobs and the EC2 cluster.
+# (limit: 5 minutes); the stack prepends FILE_SYSTEM_ID, AWS_REGION and PROJECT_CODE_URL. Unpacks
+# the project into the Jupyter root on the first start, and mounts the shared EFS at ~/efs (shown
+# as `efs` in the file browser), where COCO staged once serves the training jobs and the cluster.
 set -euo pipefail
 
 MOUNT=/home/ec2-user/efs
+JUPYTER_ROOT=/home/ec2-user/SageMaker
+CODE_DIR=$JUPYTER_ROOT/maskrcnn-on-aws
 OPTIONS=nfsvers=4.1,rsize=1048576,wsize=1048576,hard,timeo=600,retrans=2,noresvport
+
+# The project (code, docs, notebooks/sagemaker_training.ipynb), once: the Jupyter root is on the
+# notebook's persistent volume, and a later start must not overwrite the user's edits. Rename
+# the folder and restart the notebook to get the version deployed since.
+if [ ! -e "$CODE_DIR" ]; then
+  staging=$(mktemp -d)
+  aws s3 cp --only-show-errors "$PROJECT_CODE_URL" "$staging/project.zip"
+  python3 -m zipfile -e "$staging/project.zip" "$staging/project"
+  mv "$staging/project" "$CODE_DIR"
+  rm -rf "$staging"
+  chown -R ec2-user:ec2-user "$CODE_DIR"
+fi
+ln -sfn "$MOUNT" "$JUPYTER_ROOT/efs"
 
 # Encrypted in transit when the EFS mount helper (amazon-efs-utils, which runs stunnel) is on the
 # image or in its package repository; otherwise plain NFS 4.1 inside the VPC (docs/infra.md,
@@ -22,8 +38,8 @@ fi
 
 mkdir -p "$MOUNT"
 attempt=0
-# Bounded so the script ends within SageMaker's 5 minutes: 1 minute for the helper's install,
-# then 5 x (30 s mount + 10 s pause).
+# Bounded so the script ends within SageMaker's 5 minutes: seconds for the project, 1 minute for
+# the helper's install, then 5 x (30 s mount + 10 s pause).
 until mountpoint -q "$MOUNT"; do
   if (( attempt >= 5 )); then
     echo "could not mount $FILE_SYSTEM_ID at $MOUNT" >&2

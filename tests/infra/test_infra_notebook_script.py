@@ -1,18 +1,22 @@
 """The notebook's on-start lifecycle script (infra/userdata/notebook_on_start.sh), run for real as
 the stack renders it (FILE_SYSTEM_ID and AWS_REGION prepended), in a private mount namespace whose
 /home is a scratch directory. Stood in for: mount, mountpoint, dnf, chown (there is no ec2-user
-here) and, in one case, the EFS mount helper."""
+here), the AWS CLI's download of the project asset (a zip made here from the real notebooks/
+folder) and, in one case, the EFS mount helper."""
 from __future__ import annotations
 
 import os
 import shutil
 import subprocess
 import textwrap
+import zipfile
 from pathlib import Path
 
 import pytest
 
 from infra.userdata import NOTEBOOK_ON_START_SCRIPT, script_body
+
+from cdk_synth import REPO_ROOT
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or not shutil.which("unshare")
@@ -24,38 +28,61 @@ STUBS = {
     "mountpoint": '[ -d "$MOUNTED" ]',
     "dnf": 'echo "dnf $*" >> "$CALLS"; exit 1',     # no repository reachable
     "chown": 'echo "chown $*" >> "$CALLS"',
+    "aws": 'echo "aws $*" >> "$CALLS"; cp "$PROJECT_ZIP" "${*: -1}"',
 }
+ASSET_URL = "s3://cdk-hnb659fds-assets-123456789012-eu-west-1/0123abcd.zip"
+JUPYTER_ROOT = "home/ec2-user/SageMaker"
 
 
-def _run(tmp_path: Path, *, with_helper: bool) -> list[str]:
+def _run(tmp_path: Path, *, with_helper: bool, starts: int = 1) -> list[str]:
     stubs = tmp_path / "stubs"
     stubs.mkdir()
+    with zipfile.ZipFile(tmp_path / "project.zip", "w") as archive:
+        for path in (REPO_ROOT / "notebooks").iterdir():
+            archive.write(path, f"notebooks/{path.name}")
+        archive.write(REPO_ROOT / "README.md", "README.md")
     for name, body in {**STUBS, **({"mount.efs": "exit 0"} if with_helper else {})}.items():
         (stubs / name).write_text("#!/bin/bash\n" + textwrap.dedent(body) + "\n")
         (stubs / name).chmod(0o755)
     script = tmp_path / "on-start.sh"
     script.write_text("#!/bin/bash\nexport FILE_SYSTEM_ID=fs-0123456789abcdef0\n"
-                      "export AWS_REGION=eu-west-1\n" + script_body(NOTEBOOK_ON_START_SCRIPT))
-    (tmp_path / "home").mkdir()
+                      "export AWS_REGION=eu-west-1\n"
+                      f"export PROJECT_CODE_URL={ASSET_URL}\n" + script_body(NOTEBOOK_ON_START_SCRIPT))
+    (tmp_path / JUPYTER_ROOT).mkdir(parents=True)      # SageMaker's persistent volume
     env = {**os.environ, "PATH": f"{stubs}:{os.environ['PATH']}",
-           "CALLS": str(tmp_path / "calls.log"), "MOUNTED": str(tmp_path / "mounted")}
-    result = subprocess.run(
-        ["unshare", "--mount", "--propagation", "private", "bash", "-c",
-         f"/usr/bin/mount --bind {tmp_path / 'home'} /home && exec bash {script}"],
-        env=env, capture_output=True, text=True, timeout=60)
-    assert result.returncode == 0, result.stderr
+           "CALLS": str(tmp_path / "calls.log"), "MOUNTED": str(tmp_path / "mounted"),
+           "PROJECT_ZIP": str(tmp_path / "project.zip")}
+    for _ in range(starts):
+        result = subprocess.run(
+            ["unshare", "--mount", "--propagation", "private", "bash", "-c",
+             f"/usr/bin/mount --bind {tmp_path / 'home'} /home && exec bash {script}"],
+            env=env, capture_output=True, text=True, timeout=60)
+        assert result.returncode == 0, result.stderr
     assert (tmp_path / "home" / "ec2-user" / "efs").is_dir()
     return (tmp_path / "calls.log").read_text().splitlines()
 
 
+def test_opens_ready_to_use_with_the_project_and_efs_in_the_jupyter_root(tmp_path):
+    calls = _run(tmp_path, with_helper=True, starts=2)
+    root = tmp_path / JUPYTER_ROOT
+    assert (root / "maskrcnn-on-aws" / "notebooks" / "sagemaker_training.ipynb").read_bytes() == (
+        REPO_ROOT / "notebooks" / "sagemaker_training.ipynb").read_bytes()
+    assert (root / "maskrcnn-on-aws" / "README.md").exists()
+    assert os.readlink(root / "efs") == "/home/ec2-user/efs"
+    # Downloaded and handed to the notebook user once: the second start keeps the user's edits.
+    downloads = [c for c in calls if c.startswith("aws ")]
+    assert len(downloads) == 1 and downloads[0].startswith(f"aws s3 cp --only-show-errors {ASSET_URL} ")
+    assert "chown -R ec2-user:ec2-user /home/ec2-user/SageMaker/maskrcnn-on-aws" in calls
+
+
 def test_mounts_with_tls_when_the_efs_mount_helper_is_there(tmp_path):
-    calls = _run(tmp_path, with_helper=True)
+    calls = [c for c in _run(tmp_path, with_helper=True) if c.startswith(("mount", "dnf"))]
     assert calls[0] == "mount -t efs -o tls fs-0123456789abcdef0:/ /home/ec2-user/efs"
     assert not [c for c in calls if c.startswith("dnf")]
 
 
 def test_falls_back_to_nfs_when_the_helper_cannot_be_installed(tmp_path):
-    calls = _run(tmp_path, with_helper=False)
+    calls = [c for c in _run(tmp_path, with_helper=False) if c.startswith(("mount", "dnf"))]
     assert calls[0] == "dnf install -y -q amazon-efs-utils"
     assert calls[1] == (
         "mount -t nfs4 -o nfsvers=4.1,rsize=1048576,wsize=1048576,hard,timeo=600,retrans=2,"

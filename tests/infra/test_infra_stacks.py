@@ -289,6 +289,9 @@ def test_no_full_access_managed_policies_and_no_bucket_wildcards(default_synth, 
 def test_s3_access_is_scoped_to_the_data_bucket(default_synth):
     for stack in (CLUSTER, SAGEMAKER):
         for statement in statements(default_synth, stack):
+            if statement.get("Sid") is None and actions(statement) == ["s3:GetObject"] and \
+                    "cdk-hnb659fds-assets" in json.dumps(statement["Resource"]):
+                continue   # the notebook's one project-code object (next test)
             if any(a.startswith("s3:") for a in actions(statement)):
                 resources = statement["Resource"]
                 resources = resources if isinstance(resources, list) else [resources]
@@ -569,6 +572,30 @@ def test_notebook_lifecycle_config_mounts_efs_at_home_efs(default_synth):
     (id_parameter,) = [lid for lid, p in default_synth.templates[SAGEMAKER]["Parameters"].items()
                        if p["Default"] == f"/maskrcnn/{SHARED}/file-system-id"]
     assert {"Ref": id_parameter} in parts
+
+
+def test_notebook_gets_the_project_code_and_may_read_only_that_object(default_synth):
+    """The notebook opens ready to use: its lifecycle script unpacks the project (code, docs,
+    walkthrough notebook) from a CDK asset into the Jupyter root."""
+    from infra.constructs.project_code import KEEP
+
+    manifest = json.loads((default_synth.outdir / f"{SAGEMAKER}.assets.json").read_text())
+    (asset,) = [f for f in manifest["files"].values() if f["source"]["packaging"] == "zip"]
+    staged = default_synth.outdir / asset["source"]["path"]
+    assert (staged / "notebooks" / "sagemaker_training.ipynb").exists()
+    assert (staged / "launch").is_dir() and (staged / "infra" / "outputs.py").exists()
+    assert {p.name for p in staged.iterdir()} == {k.split("/")[0] for k in KEEP}
+    assert not list(staged.rglob("__pycache__"))
+    (key,) = {d["objectKey"] for d in asset["destinations"].values()}
+    reads = [s for s in policy_of(default_synth, SAGEMAKER, "NotebookRole")
+             if "cdk-hnb659fds-assets" in json.dumps(s["Resource"])]
+    assert [actions(s) for s in reads] == [["s3:GetObject"]]
+    assert json.dumps(reads[0]["Resource"]).endswith(f'/{key}"]]}}')
+    (config,) = default_synth.resources(SAGEMAKER,
+                                        "AWS::SageMaker::NotebookInstanceLifecycleConfig").values()
+    parts = config["Properties"]["OnStart"][0]["Content"]["Fn::Base64"]["Fn::Join"][1]
+    url = parts[parts.index("\nexport PROJECT_CODE_URL=") + 1]["Fn::Sub"]
+    assert url.startswith("s3://cdk-hnb659fds-assets-") and url.endswith(f"/{key}")
 
 
 def test_training_security_group_allows_its_own_instances_only(default_synth):
