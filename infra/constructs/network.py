@@ -11,10 +11,10 @@ VPC_CIDR = "10.0.0.0/16"
 
 class Network(Construct):
     """Two availability zones (SageMaker jobs get capacity in either; the EC2 cluster uses one,
-    since a cluster placement group lives in one zone: the first, or the one configured), one NAT gateway (the largest fixed
-    cost here; one per zone would add ~$33/month each for zone-failure tolerance a training
-    environment does not need) and an S3 gateway endpoint so dataset and checkpoint traffic skips
-    the NAT's per-GB charge."""
+    since a cluster placement group lives in one zone: the first, or the one configured), one NAT
+    gateway (the largest fixed cost here; one per zone would add ~$33/month each for
+    zone-failure tolerance a training environment does not need) and an S3 gateway endpoint so
+    dataset and checkpoint traffic skips the NAT's per-GB charge."""
 
     def __init__(self, scope: Construct, id: str, *, flow_log_bucket: s3.IBucket,
                  availability_zones: tuple[str, ...] | None = None, max_azs: int = 2,
