@@ -109,3 +109,47 @@ class Job:
 
     def outputs(self, tail: int = 3000) -> str:
         return "\n".join(f"--- {name}\n{self.log(name)[-tail:]}" for name in self.procs)
+
+
+def _main(argv: list[str]) -> int:
+    """One emulated SageMaker job by hand (root): ``sudo .venv/bin/python tests/emulated_sagemaker.py``."""
+    import argparse
+    import signal
+
+    from emulated_hosts import EmulatedHosts
+    from training.data import synthetic
+
+    p = argparse.ArgumentParser(description=_main.__doc__)
+    p.add_argument("--hosts", type=int, default=2)
+    p.add_argument("--processes-per-host", type=int, default=2)
+    p.add_argument("--images", type=int, default=8, help="training images in the one epoch (2 per rank and step)")
+    p.add_argument("--workdir", default="/tmp/emulated-sagemaker", help="EFS, hosts' files and logs go here")
+    p.add_argument("--keep", action="store_true", help="keep the hosts up after the job, until Ctrl-C")
+    a = p.parse_args(argv)
+    work = Path(a.workdir).resolve()
+    efs = work / "efs"
+    if not (efs / "data" / "coco" / "annotations").is_dir():
+        synthetic.main(["--output", str(efs / "data" / "coco"), "--train", "8", "--val", "2", "--size", "128"])
+    (efs / "logs").mkdir(parents=True, exist_ok=True)
+    names = addresses(a.hosts)
+    hps = cpu_hyperparameters(images_per_epoch=a.images, processes_per_host=a.processes_per_host)
+    run = time.strftime("%Y%m%d-%H%M%S")
+    with EmulatedHosts(names, workdir=work / f"hosts-{run}", private=["/opt/ml"], shared={EFS: efs}) as hosts:
+        for host in hosts:
+            write_sagemaker_files(host, hosts=list(names), hyperparameters=hps, train_channel=f"{EFS}/data/coco")
+            print(f"{host.name} {host.address}: /opt/ml is {host.path('/opt/ml')}; log {work}/logs-{run}/{host.name}.log;"
+                  f" enter: nsenter -t {host.init_pid} -m -u -n -p -- bash", flush=True)
+        job = Job(hosts, job_name=f"emulated-{run}", logs=work / f"logs-{run}")
+        codes = {name: job.wait(name, deadline=time.time() + 3600) for name in names}
+        print(f"exit status per host: {codes}; checkpoints in {efs}/logs/emulated-{run}", flush=True)
+        if a.keep:
+            print("hosts stay up (their processes ended with the job); Ctrl-C tears them down", flush=True)
+            try:
+                signal.pause()
+            except KeyboardInterrupt:
+                pass
+    return 0 if not any(codes.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))
