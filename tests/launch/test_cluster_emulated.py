@@ -4,9 +4,10 @@ Each host is set up as the boot script (infra/userdata/cluster_node.sh) leaves a
 the cluster key in /etc/maskrcnn, EFS at /efs (here one directory shared by the hosts), and the image's
 entry `cluster-node` (docker/entrypoint.sh: sshd on 2222 with the cluster key) running. A moto server
 inside the master (its 127.0.0.1) holds the two auto-scaling groups; the hosts get the private IPs moto
-gave their instances. On the master, the entry's `cluster-train` (launch.cluster.run) discovers the
-nodes through the groups, health-checks them over SSH, and runs the real mpirun over them: Horovod
-(built with MPI) trains Mask R-CNN on synthetic data, one CPU rank per node.
+gave their instances. On the master, the entry's `cluster-health` and `cluster-train`
+(launch.cluster.run) discover the nodes through the groups and health-check them over SSH, and
+`cluster-train` runs the real mpirun over them: Horovod (built with MPI) trains Mask R-CNN on
+synthetic data, one CPU rank per node.
 
 Then a worker dies mid-run (all its processes killed, as when its machine goes): the run notices,
 says it waits for the cluster to be whole, and the auto-scaling group replaces the instance (moto
@@ -187,22 +188,19 @@ def cluster(emulated_hosts, tmp_path):
     return hosts, efs, aws
 
 
-def test_health_table_over_ssh(cluster):
-    """`cluster-health` on the master: every node discovered through moto, checked over SSH on 2222."""
-    hosts, _, aws = cluster
-    table = hosts["master"].run(["bash", str(ENTRYPOINT), "cluster-health"], env=aws, timeout=120)
+@pytest.mark.slow
+def test_cluster_checks_trains_and_resumes_after_a_worker_dies(cluster, tmp_path):
+    hosts, efs, aws = cluster
+    master, worker = hosts["master"], hosts["worker-2"]
+    # `cluster-health` on the master: every node discovered through moto, checked over SSH on 2222.
+    table = master.run(["bash", str(ENTRYPOINT), "cluster-health"], env=aws, timeout=120)
     assert table.returncode == 0, table.stdout + table.stderr
     rows = {line.split()[0]: line.split() for line in table.stdout.splitlines()[1:-1]}
     assert set(rows) == {h.address for h in hosts}
-    assert rows[hosts["master"].address][1:5] == ["master", "yes", "0/0", "yes"]
+    assert rows[master.address][1:5] == ["master", "yes", "0/0", "yes"]
     assert all(row[-1] == "ok" for row in rows.values())
     assert table.stdout.splitlines()[-1] == "3 of 3 nodes healthy"
 
-
-@pytest.mark.slow
-def test_cluster_trains_and_resumes_after_a_worker_dies(cluster, tmp_path):
-    hosts, efs, aws = cluster
-    master, worker = hosts["master"], hosts["worker-2"]
     run = master.popen(["bash", str(ENTRYPOINT), "cluster-train", "--run-name", "emulated", "--restart-wait", "2",
                         "--node-wait", "300", "--max-restarts", "2", *TRAINING],
                        env=aws, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
