@@ -1,9 +1,11 @@
 """Input pipelines: COCO records -> augmented, padded batches with RPN targets.
 
-Decoding and augmentation run in a pool of threads (OpenCV and pycocotools release the GIL), never
-in forked processes: forking a process that holds Horovod/MPI state is unsafe, and forked loaders
-were how the original setup exhausted host memory. Each rank shuffles with its own seed, so ranks
-see different images.
+Every per-image step (decode, resize, flip, masks, RPN targets) runs in a pool of threads (OpenCV
+releases the GIL, NumPy does on whole arrays), never in forked processes: forking a process that
+holds Horovod/MPI state is unsafe, and forked loaders were how the original setup exhausted host
+memory. Batches leave as the model takes them: BGR uint8 images and bit-packed masks
+(``training.data.packed_masks``), a small fraction of float32 images and byte masks. Each rank
+shuffles with its own seed, so ranks see different images.
 """
 from __future__ import annotations
 
