@@ -110,7 +110,7 @@ class SharedFileSystem(Construct):
         stack = Stack.of(scope)
         if stack is Stack.of(self):
             return self.file_system_id
-        stack.add_dependency(Stack.of(self), "reads the file system id parameter")
+        stack.add_stack_dependency(Stack.of(self), "reads the file system id parameter")
         return ssm.StringParameter.value_for_string_parameter(stack, self.id_parameter_name)
 
     def grant_client_access(self, grantee: iam.IGrantable) -> None:
