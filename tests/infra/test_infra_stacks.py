@@ -471,8 +471,14 @@ def test_group_launch_and_terminate_failures_are_notified(default_synth, variant
             assert topic_id in import_of(config["TopicARN"])
     # TLS only, and an email subscription only when notification_email is set.
     (policy,) = default_synth.resources(SHARED, "AWS::SNS::TopicPolicy").values()
+    topic_statements = policy["Properties"]["PolicyDocument"]["Statement"]
     assert any(s["Effect"] == "Deny" and s["Condition"] == {"Bool": {"aws:SecureTransport": "false"}}
-               for s in policy["Properties"]["PolicyDocument"]["Statement"])
+               for s in topic_statements)
+    # A topic policy replaces SNS's default one: the account's alarms need their own statement.
+    (alarms,) = [s for s in topic_statements if s["Effect"] == "Allow"]
+    assert alarms["Principal"] == {"Service": "cloudwatch.amazonaws.com"}
+    assert alarms["Action"] == "sns:Publish"
+    assert alarms["Condition"] == {"StringEquals": {"aws:SourceAccount": {"Ref": "AWS::AccountId"}}}
     assert default_synth.resources(SHARED, "AWS::SNS::Subscription") == {}
     (subscription,) = variant_synth.resources(SHARED, "AWS::SNS::Subscription").values()
     assert (subscription["Properties"]["Protocol"], subscription["Properties"]["Endpoint"]) == (
