@@ -44,7 +44,9 @@ def build(app: cdk.App) -> Stacks:
         existing_file_system_id=config.existing_file_system_id,
         efs_throughput_mode=config.efs_throughput_mode,
         notification_email=config.notification_email,
-        availability_zones=config.availability_zones)
+        availability_zones=config.availability_zones,
+        lustre_storage_gib=config.fsx_lustre_storage_gib,
+        lustre_zone_index=config.cluster_zone_index)
     stacks = Stacks(
         shared=shared,
         efs_cluster=EfsClusterStack(app, outputs.EFS_CLUSTER_STACK, tags=PROJECT_TAGS,

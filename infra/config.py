@@ -33,7 +33,8 @@ _NAME_PREFIX = re.compile(r"^[A-Za-z](?:[A-Za-z0-9-]{0,22}[A-Za-z0-9])?$")
 _ZONE = re.compile(r"^([a-z]{2}(?:-gov)?-[a-z]+-\d)[a-z]$")
 VPC_ZONE_COUNT = 2
 OPTIONAL_KEYS = ("ssh_cidr", "key_pair_name", "existing_file_system_id", "notification_email",
-                 "ami_id", "name_prefix", "availability_zones", "cluster_availability_zone")
+                 "ami_id", "name_prefix", "availability_zones", "cluster_availability_zone",
+                 "fsx_lustre_storage_gib")
 # Context keys this app owns look like Python identifiers; CDK's own keys contain ':', '@' or '-'.
 _OWN_KEY = re.compile(r"^[a-z][a-z0-9_]*$")
 
@@ -43,6 +44,12 @@ _OWN_KEY = re.compile(r"^[a-z][a-z0-9_]*$")
 EBS_VOLUME_GIB = (100, 16384)
 NOTEBOOK_VOLUME_GIB = (5, 16384)
 WORKER_COUNT = (0, 64)
+# FSx for Lustre SCRATCH_2 (and PERSISTENT_2) capacities: 1200 GiB or a multiple of 2400 GiB. The
+# upper bound is FSx's default per-region Lustre storage quota (a larger one needs a quota raise
+# first, and then this bound raised with it). 0 turns the file system off.
+LUSTRE_STORAGE_GIB_STEP = 2400
+LUSTRE_STORAGE_GIB_MIN = 1200
+LUSTRE_STORAGE_GIB_MAX = 100800
 
 
 @dataclass(frozen=True)
@@ -63,6 +70,7 @@ class AppConfig:
     name_prefix: str | None = None
     availability_zones: tuple[str, ...] | None = None
     cluster_availability_zone: str | None = None
+    fsx_lustre_storage_gib: int = 0
 
     @property
     def cluster_zone_index(self) -> int:
@@ -79,6 +87,10 @@ class AppConfig:
     @property
     def gpus_per_node(self) -> int:
         return INSTANCE_TYPES[self.instance_type].gpus
+
+    @property
+    def lustre_enabled(self) -> bool:
+        return self.fsx_lustre_storage_gib > 0
 
     @classmethod
     def keys(cls) -> tuple[str, ...]:
@@ -215,6 +227,23 @@ def _ssh_cidr(key: str, raw: Any) -> str | None:
     return str(network)
 
 
+def _lustre_storage(key: str, raw: Any) -> int:
+    allowed = (f"0 (no FSx for Lustre file system), {LUSTRE_STORAGE_GIB_MIN}, or a multiple of "
+               f"{LUSTRE_STORAGE_GIB_STEP} up to {LUSTRE_STORAGE_GIB_MAX} (GiB)")
+    if _is_unset(raw):
+        return 0
+    if isinstance(raw, bool):
+        raw = repr(raw)
+    try:
+        value = raw if isinstance(raw, int) else int(str(raw).strip())
+    except ValueError:
+        raise ConfigError(f"context key {key!r} is {raw!r}; allowed: {allowed}") from None
+    if value == 0 or value == LUSTRE_STORAGE_GIB_MIN or (
+            0 < value <= LUSTRE_STORAGE_GIB_MAX and value % LUSTRE_STORAGE_GIB_STEP == 0):
+        return value
+    raise ConfigError(f"context key {key!r} is {value}; allowed: {allowed}")
+
+
 def _zones(key: str, raw: Any) -> tuple[str, ...] | None:
     if _is_unset(raw):
         return None
@@ -257,5 +286,6 @@ _PARSERS: dict[str, Callable[[str, Any], Any]] = {
     "availability_zones": _zones,
     "cluster_availability_zone": _matching(
         _ZONE, "an availability zone name such as us-east-1d, one of availability_zones", True),
+    "fsx_lustre_storage_gib": _lustre_storage,
 }
 assert tuple(_PARSERS) == AppConfig.keys(), "every AppConfig field needs a parser, in order"

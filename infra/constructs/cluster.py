@@ -22,6 +22,8 @@ from infra.constructs.network import allow_all_traffic_within
 from infra.userdata import CLUSTER_NODE_SCRIPT, script_body
 
 EFS_MOUNT = "/efs"
+# The FSx for Lustre file system, when the app has one (the seed's run.sh looked here first).
+FSX_MOUNT = "/fsx"
 # Where the Deep Learning AMI mounts the instance-store NVMe (g5, p4d, p5 have it): a local copy
 # of the dataset there takes the reads off EFS during training.
 NVME_MOUNT = "/opt/dlami/nvme"
@@ -31,6 +33,13 @@ ROOT_DEVICE = "/dev/sda1"
 LOGIN_USER = "ubuntu"
 # Covers a cold boot, an image pull of several GB and the master waiting for its workers.
 BOOT_TIMEOUT = Duration.minutes(45)
+
+
+@dataclass(frozen=True)
+class LustreMount:
+    """What a node needs to mount the FSx for Lustre file system at FSX_MOUNT."""
+    dns_name: str
+    mount_name: str
 
 
 @dataclass(frozen=True)
@@ -54,7 +63,8 @@ class GpuCluster(Construct):
                  machine_image: ec2.IMachineImage, node: NodeSpec, worker_count: int,
                  file_system_id: str, bucket_name: str, training_image_uri: str,
                  notification_topic: sns.ITopic,
-                 ssh_cidr: str | None = None, key_pair_name: str | None = None) -> None:
+                 ssh_cidr: str | None = None, key_pair_name: str | None = None,
+                 lustre: LustreMount | None = None) -> None:
         super().__init__(scope, id)
         stack = Stack.of(self)
         # Fixed names (derived from the stack name) because every node's user data names both
@@ -128,6 +138,10 @@ class GpuCluster(Construct):
             "SSH_PORT": str(SSH_PORT),
             "VPC_CIDR": vpc.vpc_cidr_block,
         }
+        if lustre is not None:
+            # Absent without the option: the boot script then mounts nothing at /fsx.
+            common_env.update({"FSX_MOUNT": FSX_MOUNT, "FSX_DNS_NAME": lustre.dns_name,
+                               "FSX_MOUNT_NAME": lustre.mount_name})
         key_pair = (ec2.KeyPair.from_key_pair_name(self, "KeyPair", key_pair_name)
                     if key_pair_name else None)
 

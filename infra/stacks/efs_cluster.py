@@ -7,8 +7,9 @@ from constructs import Construct
 
 from infra import outputs
 from infra.config import AppConfig
-from infra.constructs.cluster import LOGIN_USER, GpuCluster, NodeSpec
+from infra.constructs.cluster import LOGIN_USER, GpuCluster, LustreMount, NodeSpec
 from infra.constructs.file_system import allow_nfs_from
+from infra.constructs.lustre import allow_lustre_from
 from infra.constructs.machine_image import cluster_machine_image
 from infra.constructs.training_image import TrainingImage
 from infra.stacks.common_outputs import add_shared_outputs
@@ -40,10 +41,17 @@ class EfsClusterStack(Stack):
             notification_topic=shared.notifications.topic,
             ssh_cidr=config.ssh_cidr,
             key_pair_name=config.key_pair_name,
+            lustre=(None if shared.lustre is None else LustreMount(
+                dns_name=shared.lustre.value_in(self, "dns_name"),
+                mount_name=shared.lustre.value_in(self, "mount_name"))),
         )
 
         allow_nfs_from(self, "FileSystemAccessFromCluster", file_system=shared.file_system,
                        peer=self.cluster.security_group, description="NFS from the cluster nodes")
+        if shared.lustre is not None:
+            allow_lustre_from(self, "LustreAccessFromCluster", cache=shared.lustre,
+                              peer=self.cluster.security_group,
+                              description="Lustre from the cluster nodes")
         for role in self.cluster.roles:
             shared.data_bucket.grant_data_access(role)
             shared.file_system.grant_client_access(role)

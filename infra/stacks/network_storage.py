@@ -12,6 +12,7 @@ from constructs import Construct
 from infra import outputs
 from infra.constructs.bucket import DataBucket, LogBucket
 from infra.constructs.file_system import SharedFileSystem
+from infra.constructs.lustre import LustreCache
 from infra.constructs.network import Network
 from infra.constructs.notifications import Notifications
 
@@ -19,7 +20,8 @@ from infra.constructs.notifications import Notifications
 class NetworkStorageStack(Stack):
     def __init__(self, scope: Construct, id: str, *, existing_file_system_id: str | None,
                  efs_throughput_mode: str, notification_email: str | None = None,
-                 availability_zones: tuple[str, ...] | None = None, **kwargs) -> None:
+                 availability_zones: tuple[str, ...] | None = None,
+                 lustre_storage_gib: int = 0, lustre_zone_index: int = 0, **kwargs) -> None:
         super().__init__(scope, id, description="Mask R-CNN training: shared VPC, EFS and S3 "
                          "(stateful resources are retained on delete)", **kwargs)
         self.notifications = Notifications(self, "Notifications", email=notification_email)
@@ -38,6 +40,15 @@ class NetworkStorageStack(Stack):
             alarm_topic=self.notifications.topic)
         self.data_bucket = DataBucket(self, "DataBucket",
                                       access_log_bucket=self.log_bucket.bucket)
+
+        # Optional FSx for Lustre, in the cluster's zone (cluster nodes mount it; SageMaker jobs
+        # reading it run in that zone's subnet).
+        self.lustre: LustreCache | None = None
+        if lustre_storage_gib:
+            self.lustre = LustreCache(
+                self, "Lustre", vpc=self.network.vpc,
+                subnet=self.network.private_subnets[lustre_zone_index],
+                storage_gib=lustre_storage_gib, data_bucket=self.data_bucket.bucket)
 
         CfnOutput(self, outputs.FILE_SYSTEM_ID, value=self.file_system.file_system_id)
         CfnOutput(self, outputs.BUCKET_NAME, value=self.data_bucket.bucket.bucket_name)

@@ -8,6 +8,7 @@ from constructs import Construct
 from infra import outputs
 from infra.config import AppConfig
 from infra.constructs.file_system import allow_nfs_from
+from infra.constructs.lustre import allow_lustre_from
 from infra.constructs.notebook import Notebook
 from infra.constructs.training_image import TrainingImage
 from infra.constructs.training_job import TrainingJobAccess
@@ -36,6 +37,10 @@ class SageMakerStack(Stack):
                        peer=training.security_group, description="NFS from training jobs")
         allow_nfs_from(self, "FileSystemAccessFromNotebook", file_system=shared.file_system,
                        peer=notebook.security_group, description="NFS from the notebook")
+        if shared.lustre is not None:
+            allow_lustre_from(self, "LustreAccessFromTrainingJobs", cache=shared.lustre,
+                              peer=training.security_group,
+                              description="Lustre from training jobs")
         shared.data_bucket.grant_data_access(training.role)
         shared.data_bucket.grant_data_access(notebook.role)
         shared.file_system.grant_client_access(training.role)

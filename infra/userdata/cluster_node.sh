@@ -7,6 +7,8 @@
 #   /efs/.maskrcnn/$STACK_NAME/nodes/IP one line "IP slots=GPUS" per node that has booted
 #   /etc/maskrcnn/ssh/                  id_ed25519, id_ed25519.pub, authorized_keys (cluster key)
 #   /etc/maskrcnn/hostfile              "IP slots=GPUS" for the InService nodes, master first
+#   /fsx                                FSx for Lustre, when cluster.env has FSX_DNS_NAME (the app's
+#                                       fsx_lustre_storage_gib option); also in the container
 #   LOCAL_NVME in cluster.env           $NVME_MOUNT when the instance has instance-store NVMe
 #                                       (then also mounted in the container), else empty
 #   container "maskrcnn"                $TRAINING_IMAGE_URI running `cluster-node` (sshd on
@@ -109,6 +111,40 @@ mount_efs() {
   mountpoint -q "$EFS_MOUNT" || retry 60 10 timeout 60 mount "$EFS_MOUNT"
 }
 
+# The FSx for Lustre client repository for Ubuntu (FSx for Lustre user guide, "Installing the
+# Lustre client"): its packages build the client modules for each AWS kernel. The key's URL can be
+# overridden from the environment (the boot-script test serves a local file).
+FSX_APT_KEY_URL=${FSX_APT_KEY_URL:-https://fsx-lustre-client-repo-public-keys.s3.amazonaws.com/fsx-ubuntu-public-key.asc}
+FSX_APT_REPO_URL=https://fsx-lustre-client-repo.s3.amazonaws.com/ubuntu
+FSX_APT_KEY=/etc/apt/keyrings/fsx-ubuntu-public-key.asc
+
+install_lustre_client() {
+  local codename
+  # shellcheck source=/dev/null
+  codename=$(. /etc/os-release && echo "$VERSION_CODENAME")
+  mkdir -p /etc/apt/keyrings /etc/apt/sources.list.d
+  retry 5 10 curl -sSf -o "$FSX_APT_KEY" "$FSX_APT_KEY_URL"
+  echo "deb [signed-by=$FSX_APT_KEY] $FSX_APT_REPO_URL $codename main" \
+    > /etc/apt/sources.list.d/fsxlustreclientrepo.list
+  retry 5 10 apt-get -qq update
+  # The modules must match the running kernel: the DLAMI's kernel is an AWS one the repository
+  # builds for. A kernel it does not (yet) cover fails here, and so the boot.
+  retry 5 10 apt-get -qq install -y "lustre-client-modules-$(uname -r)"
+}
+
+mount_lustre() {  # FSx for Lustre at $FSX_MOUNT, when the app has one
+  [[ -n "${FSX_DNS_NAME:-}" ]] || return 0
+  if ! command -v mount.lustre >/dev/null; then
+    install_lustre_client
+  fi
+  mkdir -p "$FSX_MOUNT"
+  grep -qs " $FSX_MOUNT " /etc/fstab || echo \
+    "$FSX_DNS_NAME@tcp:/$FSX_MOUNT_NAME $FSX_MOUNT lustre defaults,relatime,flock,_netdev,x-systemd.requires=network-online.target 0 0" \
+    >> /etc/fstab
+  # The file system's DNS name resolves a little after the stack reports it created.
+  mountpoint -q "$FSX_MOUNT" || retry 30 10 timeout 120 mount "$FSX_MOUNT"
+}
+
 find_local_nvme() {  # the instance-store NVMe the AMI mounted, if this type has one
   LOCAL_NVME=""
   if mountpoint -q "$NVME_MOUNT"; then
@@ -123,7 +159,8 @@ order_docker_after_efs() {
   # the mount fails, does not start: the health check then reports the node). The same for the
   # NVMe, which the AMI mounts again at every boot.
   mkdir -p /etc/systemd/system/docker.service.d
-  printf '[Unit]\nRequiresMountsFor=%s\n' "$EFS_MOUNT${LOCAL_NVME:+ $LOCAL_NVME}" \
+  printf '[Unit]\nRequiresMountsFor=%s\n' \
+    "$EFS_MOUNT${FSX_DNS_NAME:+ $FSX_MOUNT}${LOCAL_NVME:+ $LOCAL_NVME}" \
     > /etc/systemd/system/docker.service.d/maskrcnn-efs.conf
   systemctl daemon-reload
 }
@@ -199,6 +236,9 @@ start_container() {
   if (( efa )); then
     extra+=(--ulimit memlock=-1:-1)
   fi
+  if [[ -n "${FSX_DNS_NAME:-}" ]]; then  # the dataset read from Lustre (launch/ looks here first)
+    extra+=(-v "$FSX_MOUNT:$FSX_MOUNT:rslave")
+  fi
   if [[ -n "$LOCAL_NVME" ]]; then  # dataset staging target (launch/ copies the data there)
     extra+=(-v "$LOCAL_NVME:$LOCAL_NVME")
   fi
@@ -263,6 +303,7 @@ SLOTS=$(( GPUS > 0 ? GPUS : 1 ))  # a CPU-only node runs one process
 # The container's sshd listens on this address only (never on the master's public address).
 echo "PRIVATE_IP=$PRIVATE_IP" >> /etc/maskrcnn/cluster.env
 mount_efs
+mount_lustre
 find_local_nvme
 order_docker_after_efs
 register_node

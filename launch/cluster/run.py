@@ -10,6 +10,12 @@ again has as many healthy ranks as the run was started with (the auto-scaling gr
 terminated node; a restarted container comes back), then starts again and training.train resumes
 from the latest checkpoint in the same log directory on EFS, with the same global batch and
 learning-rate schedule. Continuing on fewer ranks changes both, so it needs --allow-fewer-ranks.
+
+Where training reads COCO (``choose_data``): ``--data-dir`` when given; else the FSx for Lustre
+file system at /fsx when the stack has one and the dataset is there (the seed's order: Lustre
+read about 4x faster than EFS); else the EFS copy, which on instance types with local NVMe
+(cluster.env's LOCAL_NVME) is first copied to that disk on every node, once (a node whose copy is
+complete and matches EFS's listing skips it), so that training reads local disk instead of EFS.
 """
 from __future__ import annotations
 
@@ -18,6 +24,8 @@ import json
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import boto3
@@ -27,6 +35,82 @@ from launch.cluster import health
 from launch.cluster.hostfile import CLUSTER_ENV, ClusterNode, cluster_key, discover_nodes, read_cluster_env
 from launch.cluster.launch_command import format_command, hostfile_text, mpirun_command, train_command
 from launch.code_version import code_version
+from infra.outputs import LUSTRE_COCO_DIR
+
+# A node copies the dataset to its NVMe with this script (run through the health checks' runner:
+# SSH into the node's container, which has EFS and LOCAL_NVME mounted). Files land in
+# DEST.partial (cp -u -p: an interrupted copy resumes where it stopped), which becomes DEST only
+# when complete; DEST/.maskrcnn-staged then holds the digest of the source's listing (paths and
+# sizes), so a later run skips a node whose copy is complete and current.
+STAGE_SCRIPT = r"""
+set -euo pipefail
+src=$1 dest=$2 jobs=$3
+marker=.maskrcnn-staged
+listing() { (cd "$1" && find . -type f ! -name "$marker" -printf '%P %s\n' | LC_ALL=C sort | sha256sum | cut -d' ' -f1); }
+want=$(listing "$src")
+if [[ -f "$dest/$marker" && "$(cat "$dest/$marker")" == "$want" ]]; then
+  echo "already staged"; exit 0
+fi
+rm -rf "$dest.old"
+mkdir -p "$dest.partial"
+cd "$src"
+find . -mindepth 1 -type d -printf '%P\0' | (cd "$dest.partial" && xargs -0 -r mkdir -p)
+find . -type f ! -name "$marker" -printf '%P\0' \
+  | xargs -0 -r -n 64 -P "$jobs" cp -u -p --parents -t "$dest.partial"
+[[ "$(listing "$dest.partial")" == "$want" ]] || { echo "the copy does not match $src" >&2; exit 1; }
+echo "$want" > "$dest.partial/$marker"
+if [[ -e "$dest" ]]; then mv "$dest" "$dest.old"; fi
+mv "$dest.partial" "$dest"
+rm -rf "$dest.old"
+echo "staged"
+"""
+STAGE_JOBS = 16           # parallel copies per node: EFS serves many small files best in parallel
+STAGE_TIMEOUT_S = 4 * 3600
+
+
+@dataclass(frozen=True)
+class DataPlan:
+    """Where training reads the dataset (``train_dir``, on every node) and, when it is a local
+    copy, the EFS directory it is copied from (``stage_from``)."""
+    train_dir: str
+    stage_from: str | None = None
+
+
+def choose_data(env: dict[str, str], *, data_dir: str | None, stage_to_nvme: bool) -> DataPlan:
+    """The data directory: --data-dir, else /fsx's copy when present, else EFS's, copied to the
+    node's NVMe when it has one (LOCAL_NVME) and ``stage_to_nvme``."""
+    efs = env.get("EFS_MOUNT", "/efs")
+    fsx = env.get("FSX_MOUNT")
+    source = data_dir
+    if source is None and fsx and Path(fsx, LUSTRE_COCO_DIR, "annotations").is_dir():
+        source = str(Path(fsx, LUSTRE_COCO_DIR))
+    source = source or f"{efs}/data/coco"
+    on_lustre = bool(fsx) and Path(source).is_relative_to(fsx)
+    nvme = env.get("LOCAL_NVME")
+    if on_lustre or not nvme or not stage_to_nvme or Path(source).is_relative_to(nvme):
+        return DataPlan(train_dir=source)
+    return DataPlan(train_dir=str(Path(nvme, "maskrcnn-data", Path(source).relative_to("/"))),
+                    stage_from=source)
+
+
+def stage_data(nodes: list[ClusterNode], runner: health.CommandRunner, plan: DataPlan, *,
+               jobs: int = STAGE_JOBS, timeout: float = STAGE_TIMEOUT_S) -> None:
+    """Copies ``plan.stage_from`` to ``plan.train_dir`` on every node at once; raises LaunchError
+    naming the nodes that failed."""
+    argv = ["bash", "-c", STAGE_SCRIPT, "stage", plan.stage_from, plan.train_dir, str(jobs)]
+    print(f"copying {plan.stage_from} to {plan.train_dir} on {len(nodes)} node(s) "
+          f"(skipped where complete)", flush=True)
+    with ThreadPoolExecutor(max_workers=len(nodes)) as pool:
+        results = list(pool.map(lambda n: health._run(runner, n.private_ip, argv, timeout), nodes))
+    failed = [f"{n.private_ip}: {(r.stderr or r.stdout).strip()[-500:]}"
+              for n, r in zip(nodes, results) if r.returncode != 0]
+    if failed:
+        raise LaunchError("copying the dataset to local NVMe failed on " + "; ".join(failed)
+                          + " (free space on the NVMe? rerun to resume the copy, or pass "
+                          "--no-stage-to-nvme to read from EFS)")
+    for n, r in zip(nodes, results):
+        print(f"  {n.private_ip}: {r.stdout.strip().splitlines()[-1] if r.stdout.strip() else 'done'}",
+              flush=True)
 
 CONFIG_ERROR_STATUS = 2  # training.train's exit status for bad configuration or data
 
@@ -126,7 +210,11 @@ def main(argv: list[str] | None = None, runner: health.CommandRunner | None = No
     p.add_argument("overrides", nargs="*", help="training config overrides, KEY=VALUE (training/config.py)")
     p.add_argument("--run-name", default="maskrcnn",
                    help="log directory name under <EFS>/logs; reuse a name to resume that run")
-    p.add_argument("--data-dir", help="COCO directory (default <EFS>/data/coco)")
+    p.add_argument("--data-dir", help="COCO directory (default: /fsx/coco when the cluster has FSx for Lustre "
+                                      "and the dataset is there, else <EFS>/data/coco)")
+    p.add_argument("--no-stage-to-nvme", dest="stage_to_nvme", action="store_false",
+                   help="read the dataset from EFS even on nodes with local NVMe (by default it is copied there "
+                        "once per node and read locally)")
     p.add_argument("--max-restarts", type=int, default=3,
                    help="restarts after a failure, each resuming from the checkpoint")
     p.add_argument("--restart-wait", type=float, default=120.0,
@@ -147,12 +235,16 @@ def main(argv: list[str] | None = None, runner: health.CommandRunner | None = No
         env = read_cluster_env(a.cluster_env)
         efs = env.get("EFS_MOUNT", "/efs")
         logdir = f"{efs}/logs/{a.run_name}"
-        data_dir = a.data_dir or f"{efs}/data/coco"
+        plan = choose_data(env, data_dir=a.data_dir, stage_to_nvme=a.stage_to_nvme)
+        data_dir = plan.stage_from or plan.train_dir   # what must hold the dataset now
         session = boto3.session.Session(region_name=env.get("AWS_REGION"))
         ssh_port = int(env.get("SSH_PORT", 2222))
         ssh_key = cluster_key(a.cluster_env)
         runner = runner or health.SshRunner(port=ssh_port, key=ssh_key)
-        if not any(o.startswith("DATA.BASEDIR=") for o in a.overrides) and not Path(data_dir, "annotations").is_dir():
+        user_basedir = any(o.startswith("DATA.BASEDIR=") for o in a.overrides)
+        if user_basedir:
+            plan = DataPlan(train_dir=plan.train_dir)   # the user's DATA.BASEDIR wins: nothing to copy
+        if not user_basedir and not Path(data_dir, "annotations").is_dir():
             raise LaunchError(f"no COCO dataset at {data_dir} (no annotations/ folder): stage it first "
                               f"(python -m launch.staging to-efs --efs-dir {data_dir}), or pass --data-dir")
 
@@ -167,13 +259,17 @@ def main(argv: list[str] | None = None, runner: health.CommandRunner | None = No
             wanted = recorded_ranks(logdir) or started_with
             ok = wait_for_ranks(discover, check, wanted=wanted, allow_fewer=a.allow_fewer_ranks,
                                 wait_s=a.node_wait, poll_s=a.restart_wait)
-            hosts, cmd = build_command(ok, logdir=logdir, data_dir=data_dir, overrides=a.overrides,
+            hosts, cmd = build_command(ok, logdir=logdir, data_dir=plan.train_dir, overrides=a.overrides,
                                        ssh_port=ssh_port, ssh_key=ssh_key)
             started_with = ranks(ok)
             print(f"attempt {attempt + 1}: {len(ok)} node(s), {started_with} rank(s)\n"
                   f"{format_command(cmd)}", flush=True)
             if a.dry_run:
+                if plan.stage_from:
+                    print(f"would copy {plan.stage_from} to {plan.train_dir} on each node first")
                 return 0
+            if plan.stage_from:
+                stage_data(ok, runner, plan)   # also on nodes that replaced failed ones
             Path(logdir).mkdir(parents=True, exist_ok=True)
             Path(logdir, "hostfile").write_text(hosts)
             rc = subprocess.call(cmd)

@@ -16,7 +16,8 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 # A configuration that exercises every optional path: SSH from a CIDR with a key pair, EFA on a
 # p4d, an existing file system, bursting throughput, several workers, a pinned AMI, an alerts
-# email and a name prefix (a second deployment in the same account and region).
+# email, a name prefix (a second deployment in the same account and region) and an FSx for Lustre
+# file system.
 VARIANT_CONTEXT = {
     "instance_type": "p4d.24xlarge",
     "efa": "true",              # as `-c efa=true` passes it: a string
@@ -31,6 +32,7 @@ VARIANT_CONTEXT = {
     "name_prefix": "team-a",
     "availability_zones": "us-east-1a,us-east-1b",
     "cluster_availability_zone": "us-east-1b",   # the VPC's second zone
+    "fsx_lustre_storage_gib": "2400",
 }
 
 
@@ -92,8 +94,41 @@ AMI_PARAMETER_STAND_IN = "/maskrcnn-tests/deep-learning-ami-id"
 AMI_PARAMETER_TYPE = "AWS::SSM::Parameter::Value<AWS::EC2::Image::Id>"
 
 
+# moto's CloudFormation has no AWS::FSx::FileSystem: it skips the resource (with a warning) and
+# resolves references to it as empty strings, which the SSM parameters holding them refuse. The
+# file system is replaced by these values of the shape FSx gives; its properties are checked by
+# the template assertions in test_infra_stacks.py instead.
+LUSTRE_STAND_IN = {"Ref": "fs-0fedcba9876543210", "LustreMountName": "abcdefgh",
+                   "DNSName": "fs-0fedcba9876543210.fsx.us-east-1.amazonaws.com"}
+
+
+def without_lustre(template: dict) -> dict:
+    """`template` with each AWS::FSx::FileSystem removed and references to it replaced by
+    LUSTRE_STAND_IN's values."""
+    resources = template.get("Resources", {})
+    lustre = {lid for lid, r in resources.items() if r["Type"] == "AWS::FSx::FileSystem"}
+    if not lustre:
+        return template
+
+    def replace(node):
+        if isinstance(node, dict):
+            if node.get("Ref") in lustre:
+                return LUSTRE_STAND_IN["Ref"]
+            get_att = node.get("Fn::GetAtt")
+            if isinstance(get_att, list) and get_att[0] in lustre:
+                return LUSTRE_STAND_IN[get_att[1]]
+            return {key: replace(value) for key, value in node.items()}
+        if isinstance(node, list):
+            return [replace(value) for value in node]
+        return node
+
+    template = {**template, "Resources": {lid: r for lid, r in resources.items()
+                                          if lid not in lustre}}
+    return replace(template)
+
+
 def deploy_to_moto(cloudformation, name: str, template: dict) -> dict:
-    template = json.loads(json.dumps(template))
+    template = without_lustre(json.loads(json.dumps(template)))
     for spec in template.get("Parameters", {}).values():
         if spec["Type"] == AMI_PARAMETER_TYPE:
             assert spec["Default"].startswith("/aws/service/deeplearning/")

@@ -170,3 +170,111 @@ def test_waits_until_the_cluster_is_whole_again():
                             allow_fewer=False, wait_s=100, poll_s=5, clock=lambda: 5 * len(slept),
                             sleep=slept.append)
     assert ok == [master, worker] and slept == [5, 5]
+
+
+# --- where training reads the dataset: /fsx, else a copy on each node's NVMe, else EFS ----------
+
+class _NodesWithOwnNvme(health.LocalRunner):
+    """Each node has its own NVMe: this machine stands in for every node, so a node's copy goes to
+    <nvme>/<host> (what the node sees at <nvme>). Everything else runs unchanged."""
+
+    def __init__(self, nvme: Path):
+        self.nvme = str(nvme)
+
+    def run(self, host, argv, timeout):
+        own = str(Path(self.nvme, host))
+        return super().run(host, [a.replace(self.nvme, own, 1) if a.startswith(self.nvme) else a
+                                  for a in argv], timeout)
+
+
+def _coco(root: Path) -> Path:
+    (root / "annotations").mkdir(parents=True, exist_ok=True)
+    (root / "annotations" / "instances_train2017.json").write_text('{"images": []}')
+    (root / "train2017").mkdir(exist_ok=True)
+    for i in range(40):
+        (root / "train2017" / f"{i:012d}.jpg").write_bytes(bytes([i]) * (1000 + i))
+    (root / "empty").mkdir(exist_ok=True)
+    return root
+
+
+def test_data_is_read_from_fsx_first_then_nvme_then_efs(tmp_path):
+    efs, fsx, nvme = tmp_path / "efs", tmp_path / "fsx", tmp_path / "nvme"
+    _coco(efs / "data" / "coco")
+    env = {"EFS_MOUNT": str(efs), "FSX_MOUNT": str(fsx), "LOCAL_NVME": str(nvme)}
+    staged = str(nvme / "maskrcnn-data" / str(efs / "data" / "coco").lstrip("/"))
+    # A Lustre file system without the dataset (nothing under s3://bucket/data/coco yet): EFS's
+    # copy, staged to the NVMe.
+    assert run.choose_data(env, data_dir=None, stage_to_nvme=True) == run.DataPlan(
+        train_dir=staged, stage_from=str(efs / "data" / "coco"))
+    _coco(fsx / "coco")
+    assert run.choose_data(env, data_dir=None, stage_to_nvme=True) == run.DataPlan(str(fsx / "coco"))
+    no_fsx = {k: v for k, v in env.items() if k != "FSX_MOUNT"}
+    assert run.choose_data(no_fsx, data_dir=None, stage_to_nvme=False) == run.DataPlan(
+        str(efs / "data" / "coco"))
+    assert run.choose_data({**no_fsx, "LOCAL_NVME": ""}, data_dir=None, stage_to_nvme=True) == run.DataPlan(
+        str(efs / "data" / "coco"))
+    # An explicit --data-dir is copied as well, unless it is on Lustre or already on the NVMe.
+    assert run.choose_data(env, data_dir=str(fsx / "coco"), stage_to_nvme=True).stage_from is None
+    assert run.choose_data(env, data_dir=str(nvme / "mine"), stage_to_nvme=True).stage_from is None
+
+
+def test_dataset_is_copied_to_each_nodes_nvme_once_and_read_there(cluster, tmp_path, capsys):
+    env_file, efs, bin_dir = cluster
+    coco = _coco(efs / "data" / "coco")
+    nvme = tmp_path / "nvme"
+    env_file.write_text(env_file.read_text() + f"LOCAL_NVME={nvme}\n")
+    log = tmp_path / "mpirun.log"
+    _fake_mpirun(bin_dir, log, fail_times=0)
+    runner = _NodesWithOwnNvme(nvme)
+    staged = nvme / "maskrcnn-data" / str(coco).lstrip("/")
+
+    assert run.main(["--cluster-env", str(env_file), "--run-name", "r1"], runner=runner) == 0
+    out = capsys.readouterr().out
+    assert log.read_text().endswith(f"--config DATA.BASEDIR={staged}\n")
+    hosts = sorted(p.name for p in nvme.iterdir())
+    assert len(hosts) == 2                       # one copy per node
+    for host in hosts:
+        copy = Path(str(staged).replace(str(nvme), str(nvme / host), 1))
+        files = sorted(p.relative_to(copy).as_posix() for p in copy.rglob("*") if p.is_file())
+        assert files == sorted([".maskrcnn-staged", "annotations/instances_train2017.json",
+                                *(f"train2017/{i:012d}.jpg" for i in range(40))])
+        assert (copy / "train2017" / "000000000039.jpg").read_bytes() == bytes([39]) * 1039
+        assert (copy / "empty").is_dir() and not Path(f"{copy}.partial").exists()
+    assert out.count(": staged") == 2
+
+    # The next run finds both copies complete and current: nothing is copied again.
+    assert run.main(["--cluster-env", str(env_file), "--run-name", "r2"], runner=runner) == 0
+    assert capsys.readouterr().out.count(": already staged") == 2
+
+    # A file added on EFS makes the copies stale: they are brought up to date.
+    (coco / "train2017" / "000000000099.jpg").write_bytes(b"new")
+    assert run.main(["--cluster-env", str(env_file), "--run-name", "r3"], runner=runner) == 0
+    assert capsys.readouterr().out.count(": staged") == 2
+    for host in hosts:
+        copy = Path(str(staged).replace(str(nvme), str(nvme / host), 1))
+        assert (copy / "train2017" / "000000000099.jpg").read_bytes() == b"new"
+
+    # --no-stage-to-nvme reads EFS.
+    assert run.main(["--cluster-env", str(env_file), "--run-name", "r4", "--no-stage-to-nvme"],
+                    runner=runner) == 0
+    assert log.read_text().endswith(f"--config DATA.BASEDIR={coco}\n")
+
+
+def test_a_failed_copy_names_the_node_and_starts_nothing(cluster, tmp_path, capsys):
+    env_file, efs, bin_dir = cluster
+    _coco(efs / "data" / "coco")
+    nvme = tmp_path / "nvme"
+    nvme.write_text("not a directory")            # the copy cannot create its target
+    env_file.write_text(env_file.read_text() + f"LOCAL_NVME={nvme}\n")
+    _fake_mpirun(bin_dir, tmp_path / "mpirun.log", fail_times=0)
+    assert run.main(["--cluster-env", str(env_file)], runner=health.LocalRunner()) == 2
+    err = capsys.readouterr().err
+    assert "copying the dataset to local NVMe failed on " in err and "--no-stage-to-nvme" in err
+    assert not (tmp_path / "mpirun.log").exists()
+
+
+def test_lustre_directory_matches_where_staging_uploads():
+    """/fsx shows s3://bucket/<LUSTRE_IMPORT_PREFIX>/; staging uploads COCO to data/coco."""
+    from infra import outputs
+    from launch.staging.__main__ import DEFAULT_PREFIX
+    assert f"{outputs.LUSTRE_IMPORT_PREFIX}/{outputs.LUSTRE_COCO_DIR}" == DEFAULT_PREFIX
