@@ -32,7 +32,7 @@ PROGRESS = re.compile(r"^(?:\[\d+\]<stdout>:)?step (\d+)/\d+ .* elapsed (?:(\d+)
 
 
 def rate(out: str, skip: int, global_batch: int) -> float:
-    points = [(int(m[1]), int(m[2] or 0) * 3600 + int(m[3]) * 60 + int(m[4])) for m in PROGRESS.findall(out)]
+    points = [(int(m[0]), int(m[1] or 0) * 3600 + int(m[2]) * 60 + int(m[3])) for m in PROGRESS.findall(out)]
     points = [p for p in points if p[0] >= skip]
     if len(points) < 2 or points[-1][1] == points[0][1]:
         raise RuntimeError(f"too few progress lines to time (raise --steps): {points}")

@@ -227,6 +227,9 @@ class TrainingBatches(DataFlow):
         return batch, futures
 
     def __iter__(self):
+        # Parallelism comes from the workers (and from the ranks sharing a node): OpenCV's own
+        # thread pool per call would put ranks x cores threads on the cores.
+        cv2.setNumThreads(1)
         rng = np.random.default_rng(self.seed)
         seeds = itertools.count(self.seed * 1000003)  # one augmentation seed per example
         records = self._record_stream(rng)
