@@ -137,8 +137,9 @@ def _main(argv: list[str]) -> int:
     with EmulatedHosts(names, workdir=work / f"hosts-{run}", private=["/opt/ml"], shared={EFS: efs}) as hosts:
         for host in hosts:
             write_sagemaker_files(host, hosts=list(names), hyperparameters=hps, train_channel=f"{EFS}/data/coco")
-            print(f"{host.name} {host.address}: /opt/ml is {host.path('/opt/ml')}; log {work}/logs-{run}/{host.name}.log;"
-                  f" enter: nsenter -t {host.init_pid} -m -u -n -p -- bash", flush=True)
+            print(f"{host.name} {host.address}: /opt/ml is {host.path('/opt/ml')}; "
+                  f"log {work}/logs-{run}/{host.name}.log; enter: nsenter -t {host.init_pid} -m -u -n -p -- bash",
+                  flush=True)
         job = Job(hosts, job_name=f"emulated-{run}", logs=work / f"logs-{run}")
         codes = {name: job.wait(name, deadline=time.time() + 3600) for name in names}
         print(f"exit status per host: {codes}; checkpoints in {efs}/logs/emulated-{run}", flush=True)

@@ -246,7 +246,8 @@ def _cluster_failure(err: Exception, output: _RankOutput) -> str:
     line, then the ranks' other error lines and the last output; not the toolkit's mpirun command."""
     code = getattr(err, "return_code", None)
     status = f" (mpirun exit status {code})" if code is not None else ""
-    headline = output.rank_errors[0] if output.rank_errors else f"{type(err).__name__}: {getattr(err, 'output', '') or err}"
+    headline = (output.rank_errors[0] if output.rank_errors
+                else f"{type(err).__name__}: {getattr(err, 'output', '') or err}")
     return (f"training failed on the cluster{status}: {headline}\n\nrank errors:\n" + "\n".join(output.rank_errors)
             + "\n\nlast output:\n" + "\n".join(output.tail))
 

@@ -176,7 +176,8 @@ def _worker_job(logdir: Path):
     from launch.sagemaker import entry
 
     return entry.Job(train_dir="/d", logdir=str(logdir), overrides=[], model_dir="/m", hosts=["algo-1", "algo-2"],
-                     current_host="algo-2", processes_per_host=1, network_interface="eth0", instance_type="ml.c5.xlarge")
+                     current_host="algo-2", processes_per_host=1, network_interface="eth0",
+                     instance_type="ml.c5.xlarge")
 
 
 def test_a_worker_exits_with_the_leaders_outcome_of_this_attempt(tmp_path, monkeypatch):
