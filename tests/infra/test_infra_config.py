@@ -52,6 +52,10 @@ BAD_CONTEXT = {
     "bad AMI id": ({"ami_id": "ami-123"}, ["ami_id", "ami-", "17"]),
     "name prefix ending with a hyphen": ({"name_prefix": "team-"}, ["name_prefix", "not ending with a hyphen"]),
     "misspelt key": ({"worker_cout": 2}, ["unknown context key", "worker_cout", "worker_count"]),
+    "Lustre size not a Lustre size": ({"fsx_lustre_storage_gib": 1000}, ["fsx_lustre_storage_gib", "1000", "1200, or a multiple of 2400"]),
+    "Lustre size not a number": ({"fsx_lustre_storage_gib": "big"}, ["fsx_lustre_storage_gib", "'big'", "0 (no FSx for Lustre"]),
+    "Lustre size above the quota": ({"fsx_lustre_storage_gib": 103200}, ["fsx_lustre_storage_gib", "up to 100800"]),
+    "Lustre size negative": ({"fsx_lustre_storage_gib": -2400}, ["fsx_lustre_storage_gib", "-2400"]),
     "bad key pair name": ({"key_pair_name": "tab\there"}, ["key_pair_name", "printable ASCII"]),
 }
 
@@ -81,6 +85,13 @@ def test_cdk_json_defaults_are_valid_and_documented():
     assert set(AppConfig.keys()) <= documented, "every setting needs a line in cdk.json's \"//\""
     assert config.ssh_cidr is None and config.key_pair_name is None  # secure default: SSM only
     assert config.efs_throughput_mode == "elastic"
+
+
+def test_lustre_sizes_are_the_ones_fsx_accepts():
+    assert config_with().fsx_lustre_storage_gib == 0 and not config_with().lustre_enabled
+    for raw, value in ((1200, 1200), ("2400", 2400), ("4800", 4800), (100800, 100800), ("0", 0),
+                       (None, 0)):
+        assert config_with(fsx_lustre_storage_gib=raw).fsx_lustre_storage_gib == value
 
 
 def test_values_passed_as_strings_with_dash_c_are_parsed():

@@ -108,7 +108,9 @@ def test_existing_file_system_is_reused_with_new_mount_targets(variant_synth):
     targets = variant_synth.resources(SHARED, "AWS::EFS::MountTarget").values()
     assert len(targets) == 2
     assert {t["Properties"]["FileSystemId"] for t in targets} == {"fs-0123456789abcdef0"}
-    (parameter,) = variant_synth.resources(SHARED, "AWS::SSM::Parameter").values()
+    (parameter,) = [p for p in variant_synth.resources(SHARED, "AWS::SSM::Parameter").values()
+                    if p["Properties"]["Name"].endswith("/file-system-id")
+                    and "/lustre/" not in p["Properties"]["Name"]]
     assert parameter["Properties"]["Value"] == "fs-0123456789abcdef0"
     cluster = variant_synth.templates[CLUSTER]
     reference = cluster["Outputs"][outputs.FILE_SYSTEM_ID]["Value"]["Ref"]
@@ -134,6 +136,97 @@ def test_training_stacks_import_nothing_that_depends_on_the_file_system(default_
             for name in imported:
                 value = json.dumps(exports[name])
                 assert "FileSystem" not in value.replace("FileSystemSecurityGroup", ""), name
+
+
+# --- FSx for Lustre (fsx_lustre_storage_gib) ------------------------------------------------------
+
+def test_lustre_is_scratch_linked_to_the_data_bucket_in_the_cluster_zone(default_synth,
+                                                                         variant_synth):
+    assert default_synth.resources(SHARED, "AWS::FSx::FileSystem") == {}
+    for stack in ALL_STACKS:
+        template = default_synth.templates[stack]
+        assert not [name for name in [*template["Resources"], *template.get("Outputs", {}),
+                                      *template.get("Parameters", {})]
+                    if "lustre" in name.lower()], stack
+    ((logical_id, lustre),) = variant_synth.resources(SHARED, "AWS::FSx::FileSystem").items()
+    props = lustre["Properties"]
+    assert props["FileSystemType"] == "LUSTRE"
+    assert props["StorageCapacity"] == int(VARIANT_CONTEXT["fsx_lustre_storage_gib"])
+    (bucket_id,) = [lid for lid in variant_synth.resources(SHARED, "AWS::S3::Bucket")
+                    if lid.startswith("DataBucket")]
+    assert props["LustreConfiguration"] == {
+        "DeploymentType": "SCRATCH_2", "AutoImportPolicy": "NEW_CHANGED_DELETED",
+        "ImportPath": {"Fn::Join": ["", ["s3://", {"Ref": bucket_id},
+                                         f"/{outputs.LUSTRE_IMPORT_PREFIX}"]]}}
+    # A cache of the bucket: destroyed with the stack (nothing on it is unique).
+    assert lustre["DeletionPolicy"] == "Delete"
+    # One private subnet: the one in the cluster's zone (us-east-1b, the VPC's second).
+    (subnet_ref,) = props["SubnetIds"]
+    subnet = variant_synth.templates[SHARED]["Resources"][subnet_ref["Ref"]]
+    assert subnet["Properties"]["AvailabilityZone"] == VARIANT_CONTEXT["cluster_availability_zone"]
+    assert subnet["Properties"]["MapPublicIpOnLaunch"] is False
+    # Jobs reading it run in that subnet: the launchers read it from the outputs.
+    for stack in (CLUSTER, SAGEMAKER):
+        out = variant_synth.templates[stack]["Outputs"]
+        assert {outputs.LUSTRE_FILE_SYSTEM_ID, outputs.LUSTRE_MOUNT_NAME,
+                outputs.LUSTRE_SUBNET_ID} <= set(out)
+        assert subnet_ref["Ref"] in import_of(out[outputs.LUSTRE_SUBNET_ID]["Value"])
+
+
+def test_lustre_admits_its_ports_only_from_the_cluster_and_training_groups(variant_synth):
+    shared = variant_synth.templates[SHARED]["Resources"]
+    (lustre,) = variant_synth.resources(SHARED, "AWS::FSx::FileSystem").values()
+    (group_ref,) = lustre["Properties"]["SecurityGroupIds"]
+    group_id = group_ref["Fn::GetAtt"][0]
+    assert "SecurityGroupIngress" not in shared[group_id]["Properties"]
+    parameter = [p["Properties"]["Name"] for p in shared.values()
+                 if p["Type"] == "AWS::SSM::Parameter" and p["Properties"]["Value"] == group_ref]
+    assert parameter == [f"/maskrcnn/team-a-{SHARED}/lustre/security-group-id"]
+    client_groups = {CLUSTER: "ClusterNodeSecurityGroup", SAGEMAKER: "TrainingJobSecurityGroup"}
+    for stack in ALL_STACKS:
+        template = variant_synth.templates[stack]
+        ports = set()
+        for rule in variant_synth.resources(stack, "AWS::EC2::SecurityGroupIngress").values():
+            props = rule["Properties"]
+            if stack == SHARED:
+                if props["GroupId"] == group_ref:    # only between the file servers
+                    assert props["SourceSecurityGroupId"] == group_ref
+                    assert (props["FromPort"], props["ToPort"]) == (988, 1023)
+                continue
+            if props.get("FromPort") not in (988, 1018):
+                continue
+            # Into the Lustre group (its id read from the SSM parameter), from the client group.
+            assert template["Parameters"][props["GroupId"]["Ref"]]["Default"] == parameter[0]
+            assert props["SourceSecurityGroupId"]["Fn::GetAtt"][0].startswith(client_groups[stack])
+            assert "CidrIp" not in props and props["IpProtocol"] == "tcp"
+            ports.add((props["FromPort"], props["ToPort"]))
+        if stack != SHARED:
+            assert ports == {(988, 988), (1018, 1023)}, stack
+    # The group reaches nothing but itself, on the Lustre ports.
+    egress = [r["Properties"] for r in shared.values() if r["Type"] == "AWS::EC2::SecurityGroupEgress"
+              and r["Properties"]["GroupId"] == group_ref]
+    assert sorted((e["FromPort"], e["ToPort"]) for e in egress) == [(988, 988), (1018, 1023)]
+    assert all(e["DestinationSecurityGroupId"] == group_ref for e in egress)
+
+
+@pytest.mark.parametrize("prefix", ["ClusterMaster", "ClusterWorker"])
+def test_nodes_are_told_where_lustre_is_only_when_there_is_one(default_synth, variant_synth,
+                                                                prefix):
+    def env(synth):
+        text = user_data(synth, CLUSTER, prefix)
+        block = text.split("cat > /etc/maskrcnn/cluster.env <<'EOF'\n", 1)[1].split("\nEOF\n")[0]
+        return dict(line.split("=", 1) for line in block.splitlines())
+
+    assert not {"FSX_MOUNT", "FSX_DNS_NAME", "FSX_MOUNT_NAME"} & set(env(default_synth))
+    variant = env(variant_synth)
+    assert variant["FSX_MOUNT"] == "/fsx"
+    parameters = variant_synth.templates[CLUSTER]["Parameters"]
+    for key, name in (("FSX_DNS_NAME", "dns-name"), ("FSX_MOUNT_NAME", "mount-name")):
+        ref = json.loads(variant[key].strip("<>"))["Ref"]
+        assert parameters[ref]["Default"] == f"/maskrcnn/team-a-{SHARED}/lustre/{name}"
+    text = user_data(variant_synth, CLUSTER, prefix)
+    assert "lustre-client-modules-$(uname -r)" in text
+    assert len(text.encode()) < 16 * 1024    # EC2's user-data limit
 
 
 def test_burst_credit_alarm_only_in_bursting_mode(default_synth, variant_synth):
