@@ -9,7 +9,9 @@ Everything the job needs from the deployment is read from SageMakerStack's Cloud
 (names in infra/outputs.py): the image, the role, the EFS file system, the private subnets and the
 security group, the bucket for the output. Channels are EFS directories: ``train`` read-only (the
 staged COCO tree), ``log`` read-write (the entry writes checkpoints and TensorBoard events into
-``<log>/<run name>``). Every job gets a new run name unless ``--run-name`` names an earlier run to
+``<log>/<run name>``). With ``--fsx`` the train channel is the stack's FSx for Lustre file system
+instead (the app's fsx_lustre_storage_gib; the dataset at /<mount name>/coco, loaded from the bucket
+on first read) and the job runs in that file system's subnet. Every job gets a new run name unless ``--run-name`` names an earlier run to
 continue, so a new experiment never picks up an old one's checkpoints; a spot job that SageMaker
 restarts keeps its run name and resumes from EFS. The 22 metric definitions come from
 training.metrics, hyperparameters are checked with training.hparams before anything is sent.
@@ -36,6 +38,8 @@ from launch.aws import (LaunchError, make_session, require_output, stack_outputs
 DEFAULT_INSTANCE_TYPE = "ml.p4d.24xlarge"
 TRAIN_CHANNEL_PATH = "/data/coco"     # on the EFS file system; `python -m launch.staging to-efs` fills it
 LOG_CHANNEL_PATH = "/logs"
+# On the FSx for Lustre file system, below its mount name: s3://<bucket>/data/coco appears as /coco.
+LUSTRE_TRAIN_PATH = f"/{outputs.LUSTRE_COCO_DIR}"
 RUN_NAME_ENV = "MASKRCNN_RUN_NAME"    # read by launch/sagemaker/entry.py
 # A directory name on EFS: no '/', no '..', no leading '.'.
 RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
@@ -51,7 +55,8 @@ class JobSpec:
     volume_size_gb: int | None = None
     max_run_seconds: int | None = None
     hyperparameters: dict[str, Any] = dataclasses.field(default_factory=dict)
-    train_path: str = TRAIN_CHANNEL_PATH
+    train_path: str = TRAIN_CHANNEL_PATH   # with fsx: on the Lustre file system, default LUSTRE_TRAIN_PATH
+    fsx: bool = False                      # train channel from the stack's FSx for Lustre file system
     log_path: str = LOG_CHANNEL_PATH
     run_name: str | None = None            # log subdirectory; default: new_run_name(). Reuse one to resume it.
     spot: bool = False
@@ -90,6 +95,8 @@ def resolve(spec: JobSpec, stack: dict[str, str]) -> JobSpec:
             value = fallback if value in (None, "") else type(fallback)(value)
         values[field] = value
     values["run_name"] = spec.run_name or new_run_name(spec.base_job_name)
+    if spec.fsx and spec.train_path == TRAIN_CHANNEL_PATH:
+        values["train_path"] = LUSTRE_TRAIN_PATH
     out = dataclasses.replace(spec, **values)
     if not RUN_NAME.match(out.run_name):
         raise LaunchError(f"run name {out.run_name!r} must be 1-100 letters, digits, '.', '_' or '-', starting "
@@ -137,6 +144,10 @@ def build_trainer(session: boto3.session.Session, spec: JobSpec):
         raise LaunchError(f"output {outputs.FILE_SYSTEM_ID}={fs_id!r} of {spec.stack} is not an EFS id (fs-...)")
     spec = resolve(spec, stack)
     check_hyperparameters(spec.hyperparameters)
+    train_source = FileSystemDataSource(file_system_id=fs_id, file_system_type="EFS",
+                                        file_system_access_mode="ro", directory_path=spec.train_path)
+    if spec.fsx:
+        train_source, subnets = _lustre_train_channel(stack, spec, FileSystemDataSource)
 
     # The run directory <log>/<run name> holds the checkpoints; a spot job SageMaker restarts keeps
     # this environment, so it resumes there.
@@ -158,9 +169,7 @@ def build_trainer(session: boto3.session.Session, spec: JobSpec):
             stopping_condition=stopping,
             output_data_config=OutputDataConfig(s3_output_path=f"s3://{bucket}/{spec.output_prefix.strip('/')}"),
             input_data_config=[
-                InputData(channel_name="train", data_source=FileSystemDataSource(
-                    file_system_id=fs_id, file_system_type="EFS", file_system_access_mode="ro",
-                    directory_path=spec.train_path)),
+                InputData(channel_name="train", data_source=train_source),
                 InputData(channel_name="log", data_source=FileSystemDataSource(
                     file_system_id=fs_id, file_system_type="EFS", file_system_access_mode="rw",
                     directory_path=spec.log_path)),
@@ -169,6 +178,23 @@ def build_trainer(session: boto3.session.Session, spec: JobSpec):
             environment=environment,
         ).with_metric_definitions([MetricDefinition(name=m["Name"], regex=m["Regex"]) for m in METRIC_DEFINITIONS])
     return trainer, spec
+
+
+def _lustre_train_channel(stack: dict[str, str], spec: JobSpec, source_type):
+    """The FSxLustre train channel and the one subnet the job may run in (the file system's zone)."""
+    names = (outputs.LUSTRE_FILE_SYSTEM_ID, outputs.LUSTRE_MOUNT_NAME, outputs.LUSTRE_SUBNET_ID)
+    if not all(stack.get(name) for name in names):
+        raise LaunchError(f"--fsx: {spec.stack} has no FSx for Lustre file system (outputs "
+                          f"{', '.join(names)}); deploy with -c fsx_lustre_storage_gib=1200 (or a multiple "
+                          f"of 2400), or leave out --fsx to read from EFS")
+    fs_id, mount_name, subnet = (stack[name] for name in names)
+    if not fs_id.startswith("fs-") or not subnet.startswith("subnet-"):
+        raise LaunchError(f"outputs {outputs.LUSTRE_FILE_SYSTEM_ID}={fs_id!r} / {outputs.LUSTRE_SUBNET_ID}="
+                          f"{subnet!r} of {spec.stack} are not a file system and a subnet id")
+    # SageMaker takes the Lustre path with the mount name first: /<mount name>/<path>.
+    source = source_type(file_system_id=fs_id, file_system_type="FSxLustre", file_system_access_mode="ro",
+                         directory_path=f"/{mount_name}{spec.train_path}")
+    return source, [subnet]
 
 
 def start_job(spec: JobSpec, *, session: boto3.session.Session | None = None, dry_run: bool = False,
@@ -252,6 +278,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="managed spot capacity; an interrupted job resumes from its checkpoints on EFS")
     s.add_argument("--max-wait", type=int, help="seconds (spot: time waiting for capacity + running)")
     s.add_argument("--train-path", default=TRAIN_CHANNEL_PATH, help="COCO directory on EFS (train channel, read-only)")
+    s.add_argument("--fsx", action="store_true",
+                   help="train channel from the stack's FSx for Lustre file system (fsx_lustre_storage_gib), "
+                        f"read-only; --train-path is then on Lustre (default {LUSTRE_TRAIN_PATH}); the log "
+                        "channel stays on EFS")
     s.add_argument("--log-path", default=LOG_CHANNEL_PATH, help="log directory on EFS (log channel, read-write)")
     s.add_argument("--run-name", help="log subdirectory on EFS (default: a new name per job); "
                                          "an earlier run's name continues that run")
@@ -272,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
                            instance_count=a.instance_count, volume_size_gb=a.volume_size, max_run_seconds=a.max_run,
                            hyperparameters=_hyperparameters(a.hyperparameter, a.hyperparameters_json),
                            train_path=a.train_path, log_path=a.log_path, run_name=a.run_name, spot=a.spot,
-                           max_wait_seconds=a.max_wait)
+                           max_wait_seconds=a.max_wait, fsx=a.fsx)
             request = start_job(spec, session=session, dry_run=a.dry_run, wait=a.wait)
             if a.dry_run:
                 print(json.dumps(request, indent=2, default=str))

@@ -180,3 +180,43 @@ def test_stop_sends_the_job_name(sagemaker_env, monkeypatch):
     with pytest.raises(botocore.exceptions.ClientError):
         launcher.stop_job(name, session)
     assert [json.loads(b) for b in sent] == [{"TrainingJobName": name}]
+
+
+LUSTRE_OUTPUTS = {outputs.LUSTRE_FILE_SYSTEM_ID: "fs-0fedcba9876543210", outputs.LUSTRE_MOUNT_NAME: "abcdefgh",
+                  outputs.LUSTRE_SUBNET_ID: "subnet-0ddd3333eeee4444f"}
+
+
+def test_fsx_reads_the_train_channel_from_lustre_in_its_subnet(sagemaker_env, capsys):
+    """--fsx: the train channel is the stack's FSx for Lustre file system (/<mount name>/coco, what
+    s3://bucket/data/coco shows as), read-only; the log channel stays on EFS; the job runs in the
+    file system's zone."""
+    session = boto3.session.Session()
+    deploy_stack(session, values={**STACK_OUTPUTS, **LUSTRE_OUTPUTS})
+    sent = capture_requests(session)
+    launcher.start_job(JobSpec(fsx=True, run_name="r1"), session=session)
+    (body,) = sent
+    # The CLI flag builds the same request.
+    assert launcher.main(["start", "--fsx", "--run-name", "r1", "--dry-run"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert (printed["InputDataConfig"], printed["VpcConfig"]) == (body["InputDataConfig"], body["VpcConfig"])
+    channels = {c["ChannelName"]: c["DataSource"]["FileSystemDataSource"] for c in body["InputDataConfig"]}
+    assert channels == {
+        "train": {"FileSystemId": "fs-0fedcba9876543210", "FileSystemAccessMode": "ro",
+                  "FileSystemType": "FSxLustre", "DirectoryPath": "/abcdefgh/coco"},
+        "log": {"FileSystemId": FS_ID, "FileSystemAccessMode": "rw", "FileSystemType": "EFS",
+                "DirectoryPath": "/logs"},
+    }
+    assert body["VpcConfig"] == {"SecurityGroupIds": ["sg-0123456789abcdef0"],
+                                 "Subnets": ["subnet-0ddd3333eeee4444f"]}
+    # Another directory on Lustre.
+    request = launcher.start_job(JobSpec(fsx=True, train_path="/coco-mini"), session=session, dry_run=True)
+    (train,) = [c for c in request["InputDataConfig"] if c["ChannelName"] == "train"]
+    assert train["DataSource"]["FileSystemDataSource"]["DirectoryPath"] == "/abcdefgh/coco-mini"
+
+
+def test_fsx_without_a_lustre_file_system_says_how_to_get_one(sagemaker_env, capsys):
+    session = boto3.session.Session()
+    deploy_stack(session)
+    assert launcher.main(["start", "--fsx", "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert "has no FSx for Lustre file system" in err and "-c fsx_lustre_storage_gib=1200" in err
