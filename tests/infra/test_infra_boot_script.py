@@ -31,10 +31,11 @@ KEY_HEADER = "-----BEGIN OPENSSH PRIVATE KEY-----"
 STUBS = {
     "nvidia-smi": 'for ((i = 0; i < NODE_GPUS; i++)); do echo "GPU $i: NVIDIA A10G (UUID: GPU-$i)"; done',
     "docker": 'echo "docker $*" >> "$NODE_CALLS"; [ "$1" != login ] || cat > "$NODE_CALLS.password"',
-    "mount": 'echo "mount $*" >> "$NODE_CALLS"; touch "$NODE_CALLS.mounted"',
-    # The instance-store NVMe is mounted where NODE_NVME says (the master here); EFS once mounted.
+    "mount": 'echo "mount $*" >> "$NODE_CALLS"; echo "${*: -1}" >> "$NODE_CALLS.mounted"',
+    # The instance-store NVMe is mounted where NODE_NVME says (the master here); EFS (and /fsx)
+    # once `mount` was called for it.
     "mountpoint": 'p="${*: -1}"; [ "$p" = "$NODE_NVME" ] && exit 0; '
-                  '[[ "$p" != *nvme* ]] && [ -e "$NODE_CALLS.mounted" ]',
+                  'grep -qxF -- "$p" "$NODE_CALLS.mounted" 2>/dev/null',
     "apt-get": 'echo "apt-get $*" >> "$NODE_CALLS"',
     "mount.nfs4": "exit 0",
     "systemctl": 'echo "systemctl $*" >> "$NODE_CALLS"',
@@ -111,7 +112,7 @@ def _instance(group_name: str) -> tuple[str, str]:
 
 
 def _start_node(root: Path, user_data: str, imds: str, stubs: Path,
-                gpus: int, nvme: str = "") -> subprocess.Popen:
+                gpus: int, nvme: str = "", extra_env: dict[str, str] | None = None) -> subprocess.Popen:
     (root / "log").mkdir(parents=True)
     (root / "bin").mkdir()
     (root / "etc").mkdir()
@@ -126,7 +127,7 @@ def _start_node(root: Path, user_data: str, imds: str, stubs: Path,
              f" && test -e /etc/MASKRCNN_SANDBOX && exec bash {root / 'user-data'}")
     env = {**os.environ, "PATH": f"{stubs}:{os.environ['PATH']}",
            "NODE_CALLS": str(root / "calls.log"), "AWS_EC2_METADATA_SERVICE_ENDPOINT": imds,
-           "NODE_GPUS": str(gpus), "NODE_NVME": nvme}
+           "NODE_GPUS": str(gpus), "NODE_NVME": nvme, **(extra_env or {})}
     return subprocess.Popen(["unshare", "--mount", "--propagation", "private", "bash", "-c", setup],
                             env=env, stdout=(root / "console.log").open("w"),
                             stderr=subprocess.STDOUT)
@@ -240,6 +241,43 @@ def test_master_and_worker_boot_into_the_node_contract(aws_env, default_synth, t
     assert not Path("/etc/maskrcnn/cluster.env").exists()
     assert str(efs) not in Path("/etc/fstab").read_text()
     assert not Path("/etc/systemd/system/docker.service.d/maskrcnn-efs.conf").exists()
+
+    # A replacement worker of a cluster with FSx for Lustre (fsx_lustre_storage_gib): the cluster.env
+    # lines the variant template renders (test_infra_stacks.py checks them there; moto has no FSx).
+    # The AMI has no Lustre client: the node adds the FSx apt repository (its key served from a
+    # local file here), installs the client modules of its kernel, mounts /fsx, and the container
+    # gets it; Docker waits for it after a reboot.
+    fsx = tmp_path / "fsx"
+    fsx_dns = "fs-0fedcba9876543210.fsx.us-east-1.amazonaws.com"
+    apt_key = tmp_path / "fsx-ubuntu-public-key.asc"
+    apt_key.write_text("-----BEGIN PGP PUBLIC KEY BLOCK-----\nstand-in\n")
+    fsx_user_data = worker["user_data"].replace(
+        "\nEFS_MOUNT=", f"\nFSX_MOUNT={fsx}\nFSX_DNS_NAME={fsx_dns}\nFSX_MOUNT_NAME=abcdefgh\nEFS_MOUNT=", 1)
+    with_fsx = tmp_path / "worker-with-fsx"
+    process = _start_node(with_fsx, fsx_user_data, worker["imds"], stubs, gpus=GPUS_OF_TYPE,
+                          extra_env={"FSX_APT_KEY_URL": apt_key.as_uri()})
+    assert process.wait(timeout=240) == 0, (with_fsx / "console.log").read_text()
+    calls = (with_fsx / "calls.log").read_text().splitlines()
+    kernel = os.uname().release
+    assert calls.index(f"apt-get -qq install -y lustre-client-modules-{kernel}") < calls.index(
+        f"mount {fsx}")
+    etc = with_fsx / "etc"
+    assert (etc / "apt" / "keyrings" / "fsx-ubuntu-public-key.asc").read_text() == apt_key.read_text()
+    codename = subprocess.run(["bash", "-c", ". /etc/os-release && echo $VERSION_CODENAME"],
+                              capture_output=True, text=True, check=True).stdout.strip()
+    assert (etc / "apt" / "sources.list.d" / "fsxlustreclientrepo.list").read_text() == (
+        "deb [signed-by=/etc/apt/keyrings/fsx-ubuntu-public-key.asc] "
+        f"https://fsx-lustre-client-repo.s3.amazonaws.com/ubuntu {codename} main\n")
+    assert (f"{fsx_dns}@tcp:/abcdefgh {fsx} lustre defaults,relatime,flock,_netdev,"
+            "x-systemd.requires=network-online.target 0 0") in (etc / "fstab").read_text().splitlines()
+    assert (etc / "systemd" / "system" / "docker.service.d" / "maskrcnn-efs.conf").read_text() == (
+        f"[Unit]\nRequiresMountsFor={efs} {fsx}\n")
+    assert f" -v {fsx}:{fsx}:rslave " in calls[-1] and calls[-1].startswith("docker run -d")
+    assert not Path("/etc/apt/sources.list.d/fsxlustreclientrepo.list").exists()
+    # Without the option nothing of this happened (the nodes above).
+    for node in (master, worker):
+        node_calls = (node["root"] / "calls.log").read_text()
+        assert "lustre" not in node_calls and "fsx" not in node_calls
 
     # A replacement worker on an AMI whose driver cannot drive its GPUs: nvidia-smi sees none of
     # the 8. The boot fails, and the node marks itself unhealthy so that its group replaces it
