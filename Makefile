@@ -7,7 +7,7 @@ export TF_USE_LEGACY_KERAS := 1
 export TF_CPP_MIN_LOG_LEVEL := 2
 export PATH := $(CURDIR)/$(VENV)/bin:$(CURDIR)/node_modules/.bin:$(PATH)
 
-.PHONY: install synth demo test bench clean
+.PHONY: install synth demo test bench clean smoke-aws
 
 install:
 	bash scripts/install.sh
@@ -23,6 +23,11 @@ test:
 
 bench:
 	$(PY) bench/run.py
+
+# On your own AWS account: deploys the CPU configuration, trains both ways, checks mAP, tears down.
+# Prints the cost and asks first; ARGS="--yes --delete-data --region eu-west-1" (docs/launch.md).
+smoke-aws:
+	$(PY) -m launch.smoke $(ARGS)
 
 clean:
 	rm -rf cdk.out .pytest_cache

@@ -32,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -403,21 +404,20 @@ class Smoke:
         return None if status in ("InProgress", "Stopping") else status
 
     def wait_for_jobs(self) -> None:
+        """Waits for the cluster job, then the SageMaker job; a failure of either ends the step
+        (the teardown stops the other)."""
         timeout = self.settings.job_timeout_s + 900
         inv = self._wait(lambda: self.command_result(self.cluster_command), "the cluster job", timeout)
         self.out(f"cluster job: {inv['Status']}\n{inv.get('StandardOutputContent', '')}")
+        if inv["Status"] != "Success":
+            raise SmokeError(f"the cluster job ended {inv['Status']} (exit {inv.get('ResponseCode')}): "
+                             f"{inv.get('StandardErrorContent', '')}")
         status = self._wait(self.sagemaker_status, f"SageMaker job {self.sagemaker_job}", timeout)
         self.out(f"SageMaker job {self.sagemaker_job}: {status}")
-        problems = []
-        if inv["Status"] != "Success":
-            problems.append(f"the cluster job ended {inv['Status']} (exit {inv.get('ResponseCode')}): "
-                            f"{inv.get('StandardErrorContent', '')}")
         if status != "Completed":
             reason = self.session.client("sagemaker").describe_training_job(
                 TrainingJobName=self.sagemaker_job).get("FailureReason", "")
-            problems.append(f"SageMaker job {self.sagemaker_job} ended {status}: {reason}")
-        if problems:
-            raise SmokeError("\n".join(problems))
+            raise SmokeError(f"SageMaker job {self.sagemaker_job} ended {status}: {reason}")
 
     def read_results(self, job: JobResult, what: str) -> dict[str, float]:
         from training.callbacks import EVAL_RESULTS_FILE
@@ -606,8 +606,12 @@ def run(settings: Settings, *, session: boto3.session.Session, runner: Runner, a
         problems = check_tables(tables, smoke.sagemaker_metrics(), labels[1])
         if problems:
             raise SmokeError("\n".join(problems))
-    except (SmokeError, LaunchError, ClientError) as err:
+    except (SmokeError, LaunchError) as err:
         failure = f"step {current} failed: {err}"
+        out(f"\n{failure}")
+    except Exception as err:  # an AWS error or a bug: report it, and still tear down
+        failure = f"step {current} failed: {type(err).__name__}: {err}"
+        traceback.print_exc()
         out(f"\n{failure}")
     except KeyboardInterrupt:
         failure = f"interrupted during step {current}"
