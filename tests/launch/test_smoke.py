@@ -144,7 +144,7 @@ def test_whole_run_in_moto(sagemaker_env, tmp_path, capsys):
     cdk_synth = _cdk_synth()
     cdk_synth.prepare_moto_account()
     cloudformation = boto3.client("cloudformation")
-    deployed = []
+    deployed, masters = [], []
     network = smoke.Settings().stack_name("NetworkStorageStack")
 
     def deploy(argv, env):
@@ -153,6 +153,12 @@ def test_whole_run_in_moto(sagemaker_env, tmp_path, capsys):
             stack = cdk_synth.deploy_to_moto(cloudformation, synth.stack_names[stack_id], synth.templates[stack_id])
             assert stack["StackStatus"] == "CREATE_COMPLETE", stack.get("StackStatusReason")
             deployed.append(synth.stack_names[stack_id])
+            if stack_id == "EfsClusterStack":
+                group = next(o["OutputValue"] for o in stack["Outputs"]
+                             if o["OutputKey"] == "MasterAutoScalingGroupName")
+                (found,) = boto3.client("autoscaling").describe_auto_scaling_groups(
+                    AutoScalingGroupNames=[group])["AutoScalingGroups"]
+                masters.extend(i["InstanceId"] for i in found["Instances"])
         return 0
 
     def destroy(argv, env):
@@ -198,7 +204,7 @@ def test_whole_run_in_moto(sagemaker_env, tmp_path, capsys):
 
     # Every SSM command goes to the master, as a shell script with its execution timeout.
     assert {c["DocumentName"] for c in sent_commands} == {"AWS-RunShellScript"}
-    assert len({tuple(c["InstanceIds"]) for c in sent_commands}) == 1
+    assert len(masters) == 1 and all(c["InstanceIds"] == masters for c in sent_commands)
     stage, train, *reads = [c["Parameters"]["commands"][0] for c in sent_commands]
     to_efs = shlex.split(stage.splitlines()[1])
     assert to_efs[:7] == ["docker", "exec", "maskrcnn", "python", "-m", "launch.staging", "to-efs"]
@@ -240,3 +246,17 @@ def test_delete_data_removes_the_retained_file_system_and_buckets(aws_env):
 
     assert efs.describe_file_systems()["FileSystems"] == []
     assert s3.list_buckets()["Buckets"] == []
+
+
+def test_tables_below_target_or_misscraped_fail_the_check():
+    table = {k: v for k, v in EVAL.items() if k.startswith("mAP")}
+    scraped = dict(table)
+    assert smoke.check_tables({"cluster": table, "sm": table}, scraped, "sm") == []
+    low = {**table, "mAP(segm)/IoU=0.5": 0.2}
+    assert smoke.check_tables({"cluster": low, "sm": table}, scraped, "sm") == [
+        "cluster: mAP(segm)/IoU=0.5 is 0.2, below the target 0.5"]
+    # A metric regex capturing another line's number (e.g. the 0.95 of "IoU=0.5:0.95"), or none.
+    wrong = {**scraped, "mAP(bbox)/IoU=0.5": 0.95}
+    del wrong["mAP(segm)/IoU=0.5"]
+    problems = smoke.check_tables({"cluster": table, "sm": table}, wrong, "sm")
+    assert len(problems) == 2 and all("SageMaker's metric" in p for p in problems)
