@@ -40,6 +40,7 @@ import boto3
 from botocore.exceptions import ClientError
 
 from infra import outputs
+from infra.config import EBS_VOLUME_GIB
 from launch.aws import LaunchError, make_session, require_output, stack_outputs
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -63,7 +64,7 @@ PRICE_PER_HOUR = {
     "nat_gateway": 0.045, "public_ipv4": 0.005,
 }
 PRICE_PER_GB = {"nat_processing": 0.045}
-PRICE_PER_GB_MONTH = {"gp3": 0.08, "ecr": 0.10, "efs": 0.30, "s3": 0.023}
+PRICE_PER_GB_MONTH = {"gp3": 0.08, "ecr": 0.10}
 HOURS_PER_MONTH = 730
 IMAGE_GB = 3.0          # the training image, compressed in ECR (docs/launch.md "The training image")
 # EFS, S3 requests, KMS, Secrets Manager, CloudWatch and flow logs of a deployment that lives ~2 h.
@@ -77,21 +78,20 @@ class Step:
     name: str
     what: str
     minutes: float        # expected wall time
-    creates_cost: bool    # AWS resources exist while it runs
 
 
 def steps(settings: "Settings") -> tuple[Step, ...]:
     return (
         Step("deploy", "cdk deploy: build the training image here (Docker), then the stacks, the "
-             "nodes booting and pulling the image", IMAGE_BUILD_MINUTES + 25, True),
+             "nodes booting and pulling the image", IMAGE_BUILD_MINUTES + 25),
         Step("dataset", f"generate the synthetic dataset here, upload it to the bucket "
-             f"({settings.dataset['train']} + {settings.dataset['val']} images)", 2, True),
-        Step("stage", "S3 -> EFS on the master (SSM Run Command)", 3, True),
+             f"({settings.dataset['train']} + {settings.dataset['val']} images)", 2),
+        Step("stage", "S3 -> EFS on the master (SSM Run Command)", 3),
         Step("train", f"SageMaker {settings.sagemaker_instance_count} x "
              f"{settings.sagemaker_instance_type} and cluster {settings.cluster_nodes} x "
-             f"{settings.cluster_instance_type}, both at once", 20, True),
-        Step("results", "read both mAP tables from EFS, check them", 1, True),
-        Step("teardown", "cdk destroy of the three stacks (and the data with --delete-data)", 20, True),
+             f"{settings.cluster_instance_type}, both at once", 20),
+        Step("results", "read both mAP tables from EFS, check them", 1),
+        Step("teardown", "cdk destroy of the three stacks (and the data with --delete-data)", 20),
     )
 
 
@@ -101,7 +101,7 @@ class Settings:
     name_prefix: str = "maskrcnn-smoke"
     cluster_instance_type: str = "m5.xlarge"     # CPU: infra/instance_types.py accepts it for wiring tests
     worker_count: int = 1                        # + the master: a 2-node cluster
-    ebs_volume_size_gib: int = 100               # infra/config.py's minimum
+    ebs_volume_size_gib: int = EBS_VOLUME_GIB[0]  # the smallest infra/config.py allows (the AMI's ~100 GiB)
     sagemaker_instance_type: str = "ml.m5.xlarge"
     sagemaker_instance_count: int = 2
     sagemaker_volume_gb: int = 30
@@ -151,7 +151,7 @@ def cost_items(settings: Settings, *, train_minutes: float | None = None) -> lis
     train_minutes = train.minutes if train_minutes is None else train_minutes
     # Everything deployed exists from the stacks' creation to the end of the teardown (the image
     # build runs before anything exists on AWS).
-    alive_h = (sum(s.minutes for s in plan if s.creates_cost) - IMAGE_BUILD_MINUTES
+    alive_h = (sum(s.minutes for s in plan) - IMAGE_BUILD_MINUTES
                - train.minutes + train_minutes) / 60
     notebook = _cdk_json_context()["notebook_instance_type"]
     notebook_gib = _cdk_json_context()["notebook_volume_size_gib"]
