@@ -306,6 +306,12 @@ class Smoke:
 
     def preflight(self) -> str:
         """Read-only checks before anything is created; returns the account id."""
+        from infra.config import AppConfig, ConfigError
+        context = self.settings.cdk_context()
+        try:   # the app's own validation of what `cdk deploy -c ...` will pass (e.g. --name-prefix)
+            AppConfig.from_context({**_cdk_json_context(), **dict(a.split("=", 1) for a in context[1::2])})
+        except ConfigError as err:
+            raise SmokeError(f"infra/config.py refuses the smoke configuration: {err}") from None
         account = self.session.client("sts").get_caller_identity()["Account"]
         try:
             self.session.client("ssm").get_parameter(Name=CDK_BOOTSTRAP_PARAMETER)
@@ -565,7 +571,7 @@ def run(settings: Settings, *, session: boto3.session.Session, runner: Runner, a
     out(plan_text(settings))
     try:
         account = smoke.preflight()
-    except SmokeError as err:
+    except (SmokeError, ClientError) as err:
         out(f"\nerror: {err}")
         return 2
     out(f"\nchecked: account {account}, region {session.region_name}, CDK bootstrapped, Docker running, "

@@ -101,6 +101,13 @@ def test_smoke_context_is_accepted_by_the_app_config():
     assert config.stack_name("EfsClusterStack") == smoke.Settings().stack_name("EfsClusterStack")
 
 
+def test_a_prefix_the_app_refuses_stops_before_anything(aws_env, capsys):
+    runner = Recorder()
+    assert smoke.main(["--yes", "--name-prefix", "smoke_1"], runner=runner) == 2
+    assert runner.calls == []
+    assert "infra/config.py refuses the smoke configuration: context key 'name_prefix'" in capsys.readouterr().out
+
+
 def test_a_failed_deploy_is_still_torn_down(aws_env, capsys):
     boto3.client("ssm").put_parameter(Name=smoke.CDK_BOOTSTRAP_PARAMETER, Value="30", Type="String")
     runner = Recorder(deploy=lambda argv, env: 1)
