@@ -201,7 +201,7 @@ class EmulatedHosts:
 
     ``private``: absolute paths (directories) each host has its own copy of, empty at start (or
     seeded by the test through ``Host.path`` after ``start()``, before commands use them); missing
-    mount points are created on this machine (empty directories, left in place).
+    mount points are created on this machine as empty directories and removed by ``close()``.
     ``shared``: path inside every host -> directory on this machine.
     ``workdir``: where the hosts' private files live (``workdir/<name>/...``).
     """
@@ -235,6 +235,7 @@ class EmulatedHosts:
                        bridge_netns=self.bridge_netns, root=self.workdir / name)
             for i, (name, address) in enumerate(hosts.items())}
         self._namespaces: list[str] = []
+        self._made_dirs: list[Path] = []     # mount points this run created on the machine
 
     def __getitem__(self, name: str) -> Host:
         return self.hosts[name]
@@ -305,7 +306,7 @@ class EmulatedHosts:
 
         binds = self._seed_private(host)
         for target in (*BASE_PRIVATE_DIRS, *self.private, *self.shared):
-            Path(target).mkdir(parents=True, exist_ok=True)   # a mount point on the machine
+            self._make_mount_point(Path(target))
         steps = [f"hostname {shlex.quote(host.name)}"]
         steps += [f"mount --bind {shlex.quote(str(src))} {shlex.quote(t)}" for t, src in self.shared.items()]
         steps += [f"mount --bind {shlex.quote(str(src))} {shlex.quote(t)}" for src, t in binds]
@@ -330,6 +331,26 @@ class EmulatedHosts:
             else:
                 time.sleep(0.05)
 
+    def _make_mount_point(self, target: Path) -> None:
+        missing = [d for d in (target, *target.parents) if not d.exists()]
+        target.mkdir(parents=True, exist_ok=True)
+        self._made_dirs += [d for d in missing if d not in self._made_dirs]   # deepest first
+
+    def _remove_mount_points(self) -> None:
+        """Remove the empty mount points this run made (/opt/ml on a machine without one would make
+        sagemaker-training outside the hosts use it), unless another run's hosts may still use them."""
+        live = [name for name in _sh("ip", "netns", "list", check=False).stdout.split()
+                if _NS_PATTERN.match(name) and not name.startswith(self._tag + "-")
+                and _pid_alive(int(_NS_PATTERN.match(name).group(1)))]
+        if live:
+            return
+        for d in self._made_dirs:
+            try:
+                d.rmdir()
+            except OSError:
+                pass        # something was written into it on the machine: leave it
+        self._made_dirs.clear()
+
     def close(self) -> None:
         """Kill every process in the hosts and delete their namespaces (safe to call twice)."""
         for ns in reversed(self._namespaces):
@@ -345,6 +366,7 @@ class EmulatedHosts:
                 host._holder = None
             host.init_pid = None
         self._namespaces.clear()
+        self._remove_mount_points()
 
 
 def _main(argv: list[str]) -> int:
