@@ -89,15 +89,21 @@ class LustreCache(Construct):
 
 
 def allow_lustre_from(scope: Construct, id: str, *, cache: LustreCache,
-                      peer: ec2.ISecurityGroup, description: str) -> None:
-    """Admits Lustre traffic from `peer` to the file system, declared in `scope`'s stack (the
-    client's), for the same reason as file_system.allow_nfs_from: no dependency cycle.
+                      peer: ec2.ISecurityGroup, clients: str) -> None:
+    """Lustre traffic between the file system and the clients in `peer`, both ways, declared in
+    `scope`'s stack (the client's), for the same reason as file_system.allow_nfs_from: no
+    dependency cycle.
 
-    The client groups allow all outbound traffic already (cluster nodes, training jobs); the
-    file system's group answers on the same connections.
+    Lustre servers also open connections to their clients: the FSx for Lustre user guide ("File
+    system access control with Amazon VPC") asks for the Lustre ports inbound and outbound on
+    both the file system's and the clients' groups. The client groups allow all outbound traffic
+    already (cluster nodes, training jobs) and all traffic among their own members.
     """
     group = ec2.SecurityGroup.from_security_group_id(
         scope, id, cache.value_in(scope, "security_group_id"), mutable=True,
         allow_all_outbound=False)
     for port in LUSTRE_PORTS:
-        group.add_ingress_rule(peer, port, f"{description} (TCP {port.to_string()})")
+        tcp = f"TCP {port.to_string()}"
+        group.add_ingress_rule(peer, port, f"Lustre from {clients} ({tcp})")
+        group.add_egress_rule(peer, port, f"Lustre to {clients} ({tcp})")
+        peer.add_ingress_rule(group, port, f"Lustre file servers to {clients} ({tcp})")

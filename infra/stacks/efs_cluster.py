@@ -51,7 +51,7 @@ class EfsClusterStack(Stack):
         if shared.lustre is not None:
             allow_lustre_from(self, "LustreAccessFromCluster", cache=shared.lustre,
                               peer=self.cluster.security_group,
-                              description="Lustre from the cluster nodes")
+                              clients="the cluster nodes")
         for role in self.cluster.roles:
             shared.data_bucket.grant_data_access(role)
             shared.file_system.grant_client_access(role)

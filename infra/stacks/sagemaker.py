@@ -40,7 +40,7 @@ class SageMakerStack(Stack):
         if shared.lustre is not None:
             allow_lustre_from(self, "LustreAccessFromTrainingJobs", cache=shared.lustre,
                               peer=training.security_group,
-                              description="Lustre from training jobs")
+                              clients="training jobs")
         shared.data_bucket.grant_data_access(training.role)
         shared.data_bucket.grant_data_access(notebook.role)
         shared.file_system.grant_client_access(training.role)

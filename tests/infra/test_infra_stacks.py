@@ -193,8 +193,8 @@ def test_lustre_admits_its_ports_only_from_the_cluster_and_training_groups(varia
                     assert props["SourceSecurityGroupId"] == group_ref
                     assert (props["FromPort"], props["ToPort"]) == (988, 1023)
                 continue
-            if props.get("FromPort") not in (988, 1018):
-                continue
+            if props.get("FromPort") not in (988, 1018) or "Ref" not in props["GroupId"]:
+                continue   # (the client group's rules from the servers: below)
             # Into the Lustre group (its id read from the SSM parameter), from the client group.
             assert template["Parameters"][props["GroupId"]["Ref"]]["Default"] == parameter[0]
             assert props["SourceSecurityGroupId"]["Fn::GetAtt"][0].startswith(client_groups[stack])
@@ -202,11 +202,26 @@ def test_lustre_admits_its_ports_only_from_the_cluster_and_training_groups(varia
             ports.add((props["FromPort"], props["ToPort"]))
         if stack != SHARED:
             assert ports == {(988, 988), (1018, 1023)}, stack
-    # The group reaches nothing but itself, on the Lustre ports.
+    # The servers open connections too (FSx user guide): the Lustre ports outbound from the
+    # Lustre group to itself and to each client group, and inbound on the client groups from it.
     egress = [r["Properties"] for r in shared.values() if r["Type"] == "AWS::EC2::SecurityGroupEgress"
               and r["Properties"]["GroupId"] == group_ref]
     assert sorted((e["FromPort"], e["ToPort"]) for e in egress) == [(988, 988), (1018, 1023)]
     assert all(e["DestinationSecurityGroupId"] == group_ref for e in egress)
+    for stack, client in client_groups.items():
+        resources = variant_synth.templates[stack]["Resources"]
+        lustre_group = {"Ref": next(ref for ref, spec in variant_synth.templates[stack]["Parameters"].items()
+                                    if spec.get("Default") == parameter[0])}
+        to_clients = sorted((r["Properties"]["FromPort"], r["Properties"]["ToPort"]) for r in resources.values()
+                            if r["Type"] == "AWS::EC2::SecurityGroupEgress"
+                            and r["Properties"]["GroupId"] == lustre_group
+                            and r["Properties"]["DestinationSecurityGroupId"]["Fn::GetAtt"][0].startswith(client))
+        from_servers = sorted((r["Properties"]["FromPort"], r["Properties"]["ToPort"]) for r in resources.values()
+                              if r["Type"] == "AWS::EC2::SecurityGroupIngress"
+                              and r["Properties"].get("SourceSecurityGroupId") == lustre_group)
+        assert to_clients == from_servers == [(988, 988), (1018, 1023)], stack
+        # Only the Lustre group's rules refer to it: nothing else opens to or from it.
+        assert sum(json.dumps(r).count(lustre_group["Ref"]) for r in resources.values()) == 6, stack
 
 
 @pytest.mark.parametrize("prefix", ["ClusterMaster", "ClusterWorker"])
