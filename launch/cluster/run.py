@@ -30,12 +30,12 @@ from pathlib import Path
 
 import boto3
 
+from infra.outputs import LUSTRE_COCO_DIR
 from launch.aws import LaunchError
 from launch.cluster import health
 from launch.cluster.hostfile import CLUSTER_ENV, ClusterNode, cluster_key, discover_nodes, read_cluster_env
 from launch.cluster.launch_command import format_command, hostfile_text, mpirun_command, train_command
 from launch.code_version import code_version
-from infra.outputs import LUSTRE_COCO_DIR
 
 # A node copies the dataset to its NVMe with this script (run through the health checks' runner:
 # SSH into the node's container, which has EFS and LOCAL_NVME mounted). Files land in
