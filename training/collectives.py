@@ -22,7 +22,7 @@ def cpu_only_session_config():
     return tf1.ConfigProto(allow_soft_placement=True, device_count={"GPU": 0})
 
 
-def _horovod():
+def active_horovod():
     """horovod.tensorflow when it is initialised with more than one process, else None."""
     try:
         import horovod.tensorflow as hvd
@@ -45,7 +45,7 @@ def _run(collective):
 
 def broadcast_object(value, *, name: str):
     """Rank 0's ``value`` on every rank (``value`` unchanged without Horovod or with one process)."""
-    hvd = _horovod()
+    hvd = active_horovod()
     if hvd is None:
         return value
     return _run(lambda session: hvd.broadcast_object(value, root_rank=0, session=session, name=name))
@@ -53,7 +53,7 @@ def broadcast_object(value, *, name: str):
 
 def allgather_object(value, *, name: str) -> list:
     """Every rank's ``value``, in rank order (``[value]`` without Horovod or with one process)."""
-    hvd = _horovod()
+    hvd = active_horovod()
     if hvd is None:
         return [value]
     return _run(lambda session: hvd.allgather_object(value, session=session, name=name))

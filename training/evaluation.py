@@ -145,20 +145,6 @@ def format_table(results: Mapping[str, float]) -> str:
     return "\n".join(lines)
 
 
-def _horovod():
-    """horovod.tensorflow when it is initialised with more than one process, else None."""
-    try:
-        import horovod.tensorflow as hvd
-    except ImportError:
-        return None
-    try:
-        if not hvd.is_initialized() or hvd.size() == 1:
-            return None
-    except ValueError:  # older Horovod raises instead of answering is_initialized
-        return None
-    return hvd
-
-
 def gather_detections(local: list, root_only: bool = True) -> list:
     """Concatenate every rank's ``local`` list, in rank order, through Horovod (no shared files).
 
@@ -166,7 +152,8 @@ def gather_detections(local: list, root_only: bool = True) -> list:
     Without Horovod, or with a single process, ``local`` comes back unchanged. Every rank must
     call this (it is a collective operation).
     """
-    hvd = _horovod()
+    from training import collectives
+    hvd = collectives.active_horovod()
     if hvd is None:
         return local
     import tensorflow as tf
@@ -177,14 +164,9 @@ def gather_detections(local: list, root_only: bool = True) -> list:
         with tf.init_scope():
             per_rank = hvd.allgather_object(local, name=GATHER_NAME)
     else:
-        # Graph mode (tensorpack's finalized training graph): build the collective in a graph of
-        # its own, on the CPU, and run it in a short-lived session that creates no GPU device (a
-        # default-config session would map GPU:0 to physical GPU 0 on every rank: see collectives).
-        from training.collectives import cpu_only_session_config
-        with tf.Graph().as_default() as graph, tf.device("/cpu:0"):
-            config = cpu_only_session_config()
-            with tf.compat.v1.Session(graph=graph, config=config) as session:
-                per_rank = hvd.allgather_object(local, session=session, name=GATHER_NAME)
+        # Graph mode (tensorpack's finalized training graph): a graph and session of its own that
+        # create no GPU device (see training.collectives).
+        per_rank = collectives.allgather_object(local, name=GATHER_NAME)
     if root_only and hvd.rank() != 0:
         return []
     return [item for part in per_rank for item in part]
