@@ -20,13 +20,10 @@ import tempfile
 from pathlib import Path
 
 import _common
+from training.configs import coco_narrow
 
-COCO_SHAPES_NARROW = [
-    "DATA.TRAIN=('train2017',)", "DATA.VAL=('val2017',)", "DATA.NUM_WORKERS=2",
-    "BACKBONE.RESNET_NUM_BLOCKS=[1, 1, 1, 1]", "BACKBONE.BLOCK='basic'", "BACKBONE.WIDTH=8",
-    "BACKBONE.NORM='GN'", "BACKBONE.GN_GROUPS=4", "BACKBONE.DATA_FORMAT='NHWC'",
-    "FPN.NUM_CHANNEL=16", "FPN.FRCNN_FC_HEAD_DIM=32", "MRCNN.HEAD_DIM=16", "MRCNN.NUM_CONV=1",
-    "TRAIN.BATCH_SIZE_PER_GPU=4", "TRAIN.WARMUP=1", "TEST.RESULTS_PER_IM=20",
+COCO_SHAPES_NARROW = coco_narrow.OVERRIDES + [
+    "DATA.NUM_WORKERS=2", "TRAIN.BATCH_SIZE_PER_GPU=4", "TEST.RESULTS_PER_IM=20",
 ]
 PROGRESS = re.compile(r"^(?:\[\d+\]<stdout>:)?step (\d+)/\d+ .* elapsed (?:(\d+)h)?(\d+)m(\d+)s", re.M)
 

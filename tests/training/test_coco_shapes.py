@@ -7,15 +7,12 @@ import numpy as np
 import pytest
 
 from training.config import finalize, new_config
+from training.configs import coco_narrow
 
 # The default model's image sizes, levels (P2-P6), anchors and samplers; only the widths shrink.
-NARROW = [
-    "DATA.TRAIN=('train2017',)", "DATA.VAL=('val2017',)", "DATA.NUM_WORKERS=1",
-    "BACKBONE.RESNET_NUM_BLOCKS=[1, 1, 1, 1]", "BACKBONE.BLOCK='basic'", "BACKBONE.WIDTH=8",
-    "BACKBONE.NORM='GN'", "BACKBONE.GN_GROUPS=4", "BACKBONE.DATA_FORMAT='NHWC'",
-    "FPN.NUM_CHANNEL=16", "FPN.FRCNN_FC_HEAD_DIM=32", "MRCNN.HEAD_DIM=16", "MRCNN.NUM_CONV=1",
-    "TRAIN.BATCH_SIZE_PER_GPU=2", "TRAIN.IMAGES_PER_EPOCH=8", "TRAIN.LR_EPOCH_SCHEDULE=[(1, None)]",
-    "TRAIN.WARMUP=1", "PREPROC.HORIZONTAL_FLIP=False",
+NARROW = coco_narrow.OVERRIDES + [
+    "DATA.NUM_WORKERS=1", "TRAIN.BATCH_SIZE_PER_GPU=2", "TRAIN.IMAGES_PER_EPOCH=8",
+    "TRAIN.LR_EPOCH_SCHEDULE=[(1, None)]", "PREPROC.HORIZONTAL_FLIP=False",
 ]
 
 

@@ -21,17 +21,15 @@ from pathlib import Path
 
 import pytest
 
+from training.configs import coco_narrow
+
 REPO = Path(__file__).resolve().parents[2]
 
 # The default model's image sizes (800 / 1333), levels (P2-P6), anchors and samplers at batch 4;
 # only the widths shrink, so a step takes seconds on a CPU.
-COCO_SHAPES_NARROW = [
-    "DATA.TRAIN=('train2017',)", "DATA.VAL=('val2017',)", "DATA.NUM_WORKERS=2", "DATA.QUEUE_BATCHES=2",
-    "BACKBONE.RESNET_NUM_BLOCKS=[1, 1, 1, 1]", "BACKBONE.BLOCK='basic'", "BACKBONE.WIDTH=8",
-    "BACKBONE.NORM='GN'", "BACKBONE.GN_GROUPS=4", "BACKBONE.DATA_FORMAT='NHWC'",
-    "FPN.NUM_CHANNEL=16", "FPN.FRCNN_FC_HEAD_DIM=32", "MRCNN.HEAD_DIM=16", "MRCNN.NUM_CONV=1",
-    "TRAIN.BATCH_SIZE_PER_GPU=4", "TRAIN.WARMUP=1", "TRAIN.LOG_PERIOD=1", "TRAIN.EVAL_MAX_IMAGES=2",
-    "TEST.RESULTS_PER_IM=20",
+COCO_SHAPES_NARROW = coco_narrow.OVERRIDES + [
+    "DATA.NUM_WORKERS=2", "DATA.QUEUE_BATCHES=2", "TRAIN.BATCH_SIZE_PER_GPU=4", "TRAIN.LOG_PERIOD=1",
+    "TRAIN.EVAL_MAX_IMAGES=2", "TEST.RESULTS_PER_IM=20",
 ]
 
 TRACE = textwrap.dedent("""

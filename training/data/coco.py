@@ -50,6 +50,18 @@ def layout_help(basedir: str | os.PathLike) -> str:
             f"{basedir}/<split>/ (a split named coco_<split> also resolves to <split>)")
 
 
+def write_annotations(basedir: str | os.PathLike, split: str, dataset: dict) -> Path:
+    """Write ``dataset`` as ``basedir/annotations/instances_<split>.json``, atomically: a reader (a
+    training run, pycocotools) never sees a half-written file. Returns its path."""
+    import json
+    path = Path(basedir) / "annotations" / f"instances_{split}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(dataset, sort_keys=True, separators=(",", ":")))
+    os.replace(tmp, path)
+    return path
+
+
 def resolve_split(basedir: str | os.PathLike, split: str) -> tuple[Path, Path]:
     """(annotation file, image directory) for ``split``, trying the names in the documented order."""
     basedir = Path(basedir).expanduser().resolve()

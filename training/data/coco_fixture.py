@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import math
 import os
 import sys
@@ -36,6 +35,8 @@ from pathlib import Path
 import cv2
 import numpy as np
 from pycocotools import mask as mask_utils
+
+from training.data.coco import write_annotations
 
 # COCO 2017's 80 categories: (id, name, supercategory). Ids 12, 26, 29, 30, 45, 66, 68, 69, 71, 83
 # are unused in COCO, which is why a trainer must map category ids to contiguous classes.
@@ -228,12 +229,7 @@ def _write_split(output: Path, split: str, count: int, spec: CocoFixtureSpec,
         "annotations": annotations,
         "categories": [{"id": i, "name": n, "supercategory": s} for i, n, s in COCO_CATEGORIES],
     }
-    ann_path = output / "annotations" / f"instances_{split}.json"
-    ann_path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = ann_path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(dataset, sort_keys=True, separators=(",", ":")))
-    os.replace(tmp, ann_path)  # a reader never sees a half-written annotation file
-    return ann_path
+    return write_annotations(output, split, dataset)
 
 
 def generate(output: str | os.PathLike, spec: CocoFixtureSpec = CocoFixtureSpec()) -> dict[str, Path]:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import math
 import os
 import sys
@@ -32,6 +31,8 @@ from pathlib import Path
 import cv2
 import numpy as np
 from pycocotools import mask as mask_utils
+
+from training.data.coco import write_annotations
 
 CATEGORIES = ({"id": 1, "name": "circle", "supercategory": "shape"},
               {"id": 2, "name": "square", "supercategory": "shape"},
@@ -223,12 +224,7 @@ def _write_split(output: Path, split: str, count: int, spec: SyntheticSpec,
         "annotations": annotations,
         "categories": [dict(c) for c in CATEGORIES],
     }
-    ann_path = output / "annotations" / f"instances_{split}.json"
-    ann_path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = ann_path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(dataset, sort_keys=True, separators=(",", ":")))
-    os.replace(tmp, ann_path)  # a reader never sees a half-written annotation file
-    return ann_path
+    return write_annotations(output, split, dataset)
 
 
 def generate(output: str | os.PathLike, spec: SyntheticSpec = SyntheticSpec()) -> dict[str, Path]:
