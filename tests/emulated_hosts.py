@@ -74,6 +74,20 @@ class HarnessError(RuntimeError):
     """The emulated hosts could not be set up; the message says which step failed."""
 
 
+def machine_paths_to_keep(extra: Sequence[str] = ()) -> list[str]:
+    """What every host must see as on the machine although it lies under a private /tmp or /run:
+    the repository, the Python installation (a CI checkout may well live under /tmp) and ``extra``."""
+    wanted = {Path(__file__).resolve().parent.parent, Path(sys.prefix).resolve(),
+              Path(sys.base_prefix).resolve(), Path(sys.executable).resolve().parent.parent,
+              *(Path(p).resolve() for p in extra)}
+    under = sorted(str(p) for p in wanted
+                   if any(str(p) == d or str(p).startswith(d + "/") for d in LAST_PRIVATE_DIRS))
+    if any(p in LAST_PRIVATE_DIRS for p in under):
+        raise HarnessError(f"{under}: the repository or Python must not be /tmp or /run itself")
+    # the outermost of nested paths is enough
+    return [p for p in under if not any(p != q and p.startswith(q + "/") for q in under)]
+
+
 def missing_requirements() -> str | None:
     """Why emulated hosts cannot run here (for a skip reason), or None."""
     if os.geteuid() != 0:
@@ -204,10 +218,13 @@ class EmulatedHosts:
     mount points are created on this machine as empty directories and removed by ``close()``.
     ``shared``: path inside every host -> directory on this machine.
     ``workdir``: where the hosts' private files live (``workdir/<name>/...``).
+    ``keep``: machine paths under /tmp or /run that hosts see as they are (the repository and Python
+    always are).
     """
 
     def __init__(self, hosts: Mapping[str, str], *, workdir: Path, private: Sequence[str] = (),
-                 shared: Mapping[str, os.PathLike | str] | None = None, prefix_len: int = 24):
+                 shared: Mapping[str, os.PathLike | str] | None = None, prefix_len: int = 24,
+                 keep: Sequence[str] = ()):
         global _serial
         if not hosts:
             raise ValueError("give at least one host: {name: address}")
@@ -218,6 +235,7 @@ class EmulatedHosts:
             raise ValueError(f"two hosts share an address: {dict(hosts)}")
         self.shared = {target: Path(src).resolve() for target, src in (shared or {}).items()}
         self.private = tuple(private)
+        self.keep = tuple(keep)
         for target in (*self.private, *self.shared):
             if not target.startswith("/") or any(
                     target == d or target.startswith(d + "/") for d in LAST_PRIVATE_DIRS + ("/dev", "/proc")):
@@ -308,8 +326,14 @@ class EmulatedHosts:
         for target in (*BASE_PRIVATE_DIRS, *self.private, *self.shared):
             self._make_mount_point(Path(target))
         steps = [f"hostname {shlex.quote(host.name)}"]
+        # The repository and Python, where they lie under /tmp or /run: bound into the host's own
+        # copy first, so the private /tmp or /run (bound recursively) carries them along.
+        for keep in machine_paths_to_keep(self.keep):
+            host.path(keep).mkdir(parents=True, exist_ok=True)
+            steps.append(f"mount --bind {shlex.quote(keep)} {shlex.quote(str(host.path(keep)))}")
         steps += [f"mount --bind {shlex.quote(str(src))} {shlex.quote(t)}" for t, src in self.shared.items()]
-        steps += [f"mount --bind {shlex.quote(str(src))} {shlex.quote(t)}" for src, t in binds]
+        steps += [f"mount {'--rbind' if t in LAST_PRIVATE_DIRS else '--bind'} {shlex.quote(str(src))} "
+                  f"{shlex.quote(t)}" for src, t in binds]
         steps += ["mount -t tmpfs -o mode=1777,size=1g tmpfs /dev/shm", "echo ready",
                   f"exec {shlex.quote(sys.executable)} -c {shlex.quote(_INIT)}"]
         holder = subprocess.Popen(

@@ -100,3 +100,26 @@ def test_teardown_on_failure_and_leftovers(tmp_path):
     assert "emh999999999x1-0" not in _namespaces()
     with pytest.raises(ValueError, match="not in one /24 subnet"):
         EmulatedHosts({"a": "10.77.9.1", "b": "10.78.9.1"}, workdir=tmp_path)
+
+
+def test_hosts_see_the_repository_and_python_even_from_a_checkout_under_tmp(emulated_hosts, tmp_path):
+    """A CI clone may live under /tmp, which every host has its own copy of: the repository and the
+    interpreter must stay visible there (they were hidden once, and every host command failed)."""
+    repo = Path(__file__).resolve().parent.parent
+    hosts = emulated_hosts({"algo-1": "10.77.9.21"})
+    probe = hosts["algo-1"].run([sys.executable, "-c", "import sys; print(sys.prefix)"], cwd=str(repo))
+    assert probe.returncode == 0, probe.stderr
+    assert probe.stdout.strip() == sys.prefix
+    assert hosts["algo-1"].run(["test", "-f", str(repo / "tests" / "emulated_hosts.py")]).returncode == 0
+    # A throwaway "checkout" under /tmp, named as kept, is seen through the host's private /tmp.
+    outside = Path("/tmp") / f"emh-keep-{tmp_path.name}"
+    outside.mkdir(exist_ok=True)
+    (outside / "marker").write_text("seen\n")
+    try:
+        host = emulated_hosts({"algo-2": "10.77.9.22"}, keep=[str(outside)])["algo-2"]
+        assert host.run(["cat", str(outside / "marker")]).stdout == "seen\n"
+        host.run(["sh", "-c", "echo private > /tmp/elsewhere"], check=True)
+        assert not Path("/tmp/elsewhere").exists()
+    finally:
+        import shutil
+        shutil.rmtree(outside, ignore_errors=True)
