@@ -1,4 +1,9 @@
 """Every model variant builds, trains a step and predicts: Mask R-CNN and Faster R-CNN, FPN and C4."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -15,8 +20,13 @@ def tiny_split(tmp_path_factory):
     return load_split(out, "train2017")
 
 
-# *_nchw: the GPU data format (slow on CPU but it runs), so the NCHW plumbing is checked here too.
-@pytest.mark.parametrize("mode", ["fpn_mask", "c4_mask", "fpn_box_only", "c4_box_only", "fpn_mask_nchw", "c4_mask_nchw"])
+# *_nchw: the GPU data format, so the NCHW plumbing is checked here too. On a CPU it needs oneDNN's
+# kernels, which the suite keeps off (tests/conftest.py): test_nchw_variants_under_onednn runs them.
+NCHW_MODES = ["fpn_mask_nchw", "c4_mask_nchw"]
+ONEDNN = os.environ.get("TF_ENABLE_ONEDNN_OPTS") == "1"
+
+
+@pytest.mark.parametrize("mode", ["fpn_mask", "c4_mask", "fpn_box_only", "c4_box_only"] + (NCHW_MODES if ONEDNN else []))
 def test_variant_trains_and_predicts(tf_session, tiny_split, mode):
     tf, sess = tf_session
     from tensorpack.tfutils.tower import TowerContext
@@ -55,3 +65,13 @@ def test_variant_trains_and_predicts(tf_session, tiny_split, mode):
     if cfg.MODE_MASK and len(masks):
         size = cfg.MRCNN.MASK_SIZE if cfg.MODE_FPN else 2 * cfg.FRCNN.POOLED_SIZE
         assert masks.shape[1:] == (size, size) and masks.min() >= 0 and masks.max() <= 1
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(ONEDNN, reason="oneDNN is on in this process: the NCHW variants ran above")
+def test_nchw_variants_under_onednn():
+    run = subprocess.run([sys.executable, "-m", "pytest", __file__, "-q", "-p", "no:cacheprovider", "-k", "nchw"],
+                         env={**os.environ, "TF_ENABLE_ONEDNN_OPTS": "1"}, capture_output=True, text=True,
+                         cwd=Path(__file__).resolve().parents[2], timeout=900)
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
+    assert f"{len(NCHW_MODES)} passed" in run.stdout, run.stdout[-2000:]
