@@ -39,6 +39,16 @@ if ! .venv/bin/python -c "import horovod.tensorflow as h; assert h.mpi_built() a
   rm -rf "$wheels"
 fi
 $PIP install --quiet --no-deps -e .
+# The CUDA build of the same TensorFlow, beside the venv (not in it: it would replace tensorflow-cpu),
+# for one test: `training.amp_check` runs TensorFlow's mixed-precision rewrite, which converts only
+# ops that have float16 GPU kernels, so tensorflow-cpu cannot show what it does. No GPU is needed.
+TF_GPU_BUILD=.venv/tf-gpu-build
+tf_pin=$(grep -E '^tensorflow==' constraints.txt)
+if [ "$(cat "$TF_GPU_BUILD/.pin" 2>/dev/null)" != "$tf_pin" ]; then
+  rm -rf "$TF_GPU_BUILD"
+  $PIP install --quiet --no-deps --target "$TF_GPU_BUILD" "$tf_pin"
+  echo "$tf_pin" > "$TF_GPU_BUILD/.pin"
+fi
 
 # CDK CLI, pinned in package.json / package-lock.json.
 if [ -f package-lock.json ]; then npm ci --silent --no-audit --no-fund; else npm install --silent --no-audit --no-fund; fi

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from training.model import scopes
 from training.model.box_ops import np_encode, np_iou
 
 
@@ -121,9 +122,10 @@ def rpn_targets(anchors: np.ndarray, gt_boxes: np.ndarray, is_crowd: np.ndarray,
 def tf_grid_anchors(stride: int, sizes, ratios, feat_h, feat_w):
     """TensorFlow form of :func:`grid_anchors` for dynamic feature sizes."""
     from training.compat import tf
-    base = tf.constant(cell_anchors(sizes, ratios))
-    cy = (tf.cast(tf.range(feat_h), tf.float32) + 0.5) * stride
-    cx = (tf.cast(tf.range(feat_w), tf.float32) + 0.5) * stride
-    cx, cy = tf.meshgrid(cx, cy)
-    shifts = tf.stack([cx, cy, cx, cy], axis=-1)[:, :, None, :]
-    return tf.reshape(shifts + base[None, None], [-1, 4])
+    with tf.name_scope(scopes.ANCHORS):
+        base = tf.constant(cell_anchors(sizes, ratios))
+        cy = (tf.cast(tf.range(feat_h), tf.float32) + 0.5) * stride
+        cx = (tf.cast(tf.range(feat_w), tf.float32) + 0.5) * stride
+        cx, cy = tf.meshgrid(cx, cy)
+        shifts = tf.stack([cx, cy, cx, cy], axis=-1)[:, :, None, :]
+        return tf.reshape(shifts + base[None, None], [-1, 4])

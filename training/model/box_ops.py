@@ -11,6 +11,8 @@ import math
 
 import numpy as np
 
+from training.model import scopes
+
 # Deltas larger than this are clipped before exp(): a box can grow at most 1000/16 = 62x.
 BBOX_DECODE_CLIP = math.log(1000.0 / 16.0)
 
@@ -106,11 +108,15 @@ class _TfOps:
 
 
 def tf_encode(boxes, anchors, weights=(1.0, 1.0, 1.0, 1.0)):
-    return _encode(_TfOps(_tf()), boxes, anchors, weights)
+    tf = _tf()
+    with tf.name_scope(scopes.BOX_ENCODE):
+        return _encode(_TfOps(tf), boxes, anchors, weights)
 
 
 def tf_decode(deltas, anchors, weights=(1.0, 1.0, 1.0, 1.0)):
-    return _decode(_TfOps(_tf()), deltas, anchors, weights)
+    tf = _tf()
+    with tf.name_scope(scopes.BOX_DECODE):
+        return _decode(_TfOps(tf), deltas, anchors, weights)
 
 
 def tf_clip(boxes, image_hw):

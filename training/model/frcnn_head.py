@@ -5,6 +5,7 @@ from tensorpack.models import Conv2D, FullyConnected
 from tensorpack.tfutils.argscope import argscope
 
 from training.compat import tf, tf1
+from training.model import scopes
 from training.model.backbone import group_norm
 from training.model.box_ops import tf_clip, tf_decode, tf_encode, tf_iou
 
@@ -16,21 +17,22 @@ def sample_rois(proposals, gt_boxes, gt_labels, *, batch_per_im: int, fg_ratio: 
     ``rois [R, 4]``, ``labels [R]`` (0 = background; foreground first), ``fg_gt_index [F]``
     (the matched box of each foreground ROI) and ``num_fg``.
     """
-    boxes = tf.concat([proposals, gt_boxes], axis=0)
-    iou = tf_iou(boxes, gt_boxes)  # [N, G]
-    best_iou = tf.reduce_max(iou, axis=1)
-    best_gt = tf.argmax(iou, axis=1, output_type=tf.int32)
-    fg = tf.reshape(tf.where(best_iou >= fg_thresh), [-1])
-    bg = tf.reshape(tf.where(best_iou < fg_thresh), [-1])
-    num_fg = tf.minimum(int(batch_per_im * fg_ratio), tf.size(fg))
-    fg = tf.random.shuffle(fg)[:num_fg]
-    num_bg = tf.minimum(batch_per_im - num_fg, tf.size(bg))
-    bg = tf.random.shuffle(bg)[:num_bg]
-    keep = tf.concat([fg, bg], axis=0)
-    fg_gt_index = tf.gather(best_gt, fg)
-    labels = tf.concat([tf.gather(gt_labels, fg_gt_index), tf.zeros([num_bg], tf.int32)], axis=0)
-    rois = tf.stop_gradient(tf.gather(boxes, keep))
-    return rois, tf.stop_gradient(labels), tf.stop_gradient(fg_gt_index), num_fg
+    with tf.name_scope(scopes.ROI_SAMPLING):
+        boxes = tf.concat([proposals, gt_boxes], axis=0)
+        iou = tf_iou(boxes, gt_boxes)  # [N, G]
+        best_iou = tf.reduce_max(iou, axis=1)
+        best_gt = tf.argmax(iou, axis=1, output_type=tf.int32)
+        fg = tf.reshape(tf.where(best_iou >= fg_thresh), [-1])
+        bg = tf.reshape(tf.where(best_iou < fg_thresh), [-1])
+        num_fg = tf.minimum(int(batch_per_im * fg_ratio), tf.size(fg))
+        fg = tf.random.shuffle(fg)[:num_fg]
+        num_bg = tf.minimum(batch_per_im - num_fg, tf.size(bg))
+        bg = tf.random.shuffle(bg)[:num_bg]
+        keep = tf.concat([fg, bg], axis=0)
+        fg_gt_index = tf.gather(best_gt, fg)
+        labels = tf.concat([tf.gather(gt_labels, fg_gt_index), tf.zeros([num_bg], tf.int32)], axis=0)
+        rois = tf.stop_gradient(tf.gather(boxes, keep))
+        return rois, tf.stop_gradient(labels), tf.stop_gradient(fg_gt_index), num_fg
 
 
 def box_head(pooled, *, head_func: str, fc_dim: int, conv_dim: int, num_classes: int, gn_groups: int = 32):

@@ -7,6 +7,7 @@ from tensorpack.models import Conv2D, Conv2DTranspose
 from tensorpack.tfutils.argscope import argscope
 
 from training.compat import tf, tf1
+from training.model import scopes
 from training.model.backbone import group_norm
 
 
@@ -39,7 +40,7 @@ def mask_targets(gt_masks, mask_index, rois, *, size: int):
     CPU, where the masks arrive from the input pipeline (GPU CropAndResize has no uint8 kernel):
     only the small ``[N, size, size]`` targets travel to the GPU.
     """
-    with tf.device("/cpu:0"):
+    with tf.device("/cpu:0"), tf.name_scope(scopes.MASK_TARGETS):
         masks = tf.expand_dims(gt_masks, -1)  # [M, H, W, 1], still uint8
         shape = tf.shape(masks)
         x1, y1, x2, y2 = tf.unstack(rois, axis=1)

@@ -10,20 +10,22 @@ from __future__ import annotations
 import math
 
 from training.compat import tf
+from training.model import scopes
 
 
 def _sampling_boxes(boxes, stride: float, samples: int, feat_h, feat_w):
     """Normalised crop_and_resize boxes whose ``samples x samples`` grid hits the sub-bin centres."""
-    x1, y1, x2, y2 = tf.unstack(boxes, axis=1)
-    bw, bh = x2 - x1, y2 - y1
-    # first sample centre and spacing, in feature-cell index coordinates
-    ax = (x1 + 0.5 * bw / samples) / stride - 0.5
-    ay = (y1 + 0.5 * bh / samples) / stride - 0.5
-    dx = bw / (samples * stride)
-    dy = bh / (samples * stride)
-    wn = tf.maximum(tf.cast(feat_w, tf.float32) - 1.0, 1.0)
-    hn = tf.maximum(tf.cast(feat_h, tf.float32) - 1.0, 1.0)
-    return tf.stack([ay / hn, ax / wn, (ay + (samples - 1) * dy) / hn, (ax + (samples - 1) * dx) / wn], axis=1)
+    with tf.name_scope(scopes.ROI_BOXES):
+        x1, y1, x2, y2 = tf.unstack(boxes, axis=1)
+        bw, bh = x2 - x1, y2 - y1
+        # first sample centre and spacing, in feature-cell index coordinates
+        ax = (x1 + 0.5 * bw / samples) / stride - 0.5
+        ay = (y1 + 0.5 * bh / samples) / stride - 0.5
+        dx = bw / (samples * stride)
+        dy = bh / (samples * stride)
+        wn = tf.maximum(tf.cast(feat_w, tf.float32) - 1.0, 1.0)
+        hn = tf.maximum(tf.cast(feat_h, tf.float32) - 1.0, 1.0)
+        return tf.stack([ay / hn, ax / wn, (ay + (samples - 1) * dy) / hn, (ax + (samples - 1) * dx) / wn], axis=1)
 
 
 def roi_align(features, boxes, box_indices, *, stride: float, output_size: int):
@@ -41,9 +43,10 @@ def roi_align(features, boxes, box_indices, *, stride: float, output_size: int):
 
 def fpn_level_of(boxes, *, canonical_size: float, num_levels: int = 4):
     """FPN paper eq. 1: level ``k = 4 + log2(sqrt(area) / canonical)``, as 0..num_levels-1 for P2.."""
-    area = tf.maximum((boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1]), 1e-6)
-    k = tf.floor(4.0 + tf.math.log(tf.sqrt(area) / canonical_size + 1e-6) / math.log(2.0))
-    return tf.cast(tf.clip_by_value(k, 2.0, 1.0 + num_levels), tf.int32) - 2
+    with tf.name_scope(scopes.ROI_BOXES):
+        area = tf.maximum((boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1]), 1e-6)
+        k = tf.floor(4.0 + tf.math.log(tf.sqrt(area) / canonical_size + 1e-6) / math.log(2.0))
+        return tf.cast(tf.clip_by_value(k, 2.0, 1.0 + num_levels), tf.int32) - 2
 
 
 def multilevel_roi_align(features, boxes, box_indices, *, output_size: int, canonical_size: float,

@@ -5,6 +5,7 @@ from tensorpack.models import Conv2D
 from tensorpack.tfutils.argscope import argscope
 
 from training.compat import tf, tf1
+from training.model import scopes
 from training.model.anchors import tf_grid_anchors
 from training.model.backbone import channels_axis
 from training.model.box_ops import tf_clip, tf_decode
@@ -66,24 +67,25 @@ def generate_proposals(logits, deltas, anchors, image_hw, *, cfg, training: bool
     ``Joint`` mode and C4: one top-k and NMS over everything. Returns ``(boxes [K, 4], scores [K])``
     with no gradient (proposals are treated as fixed inputs to the second stage).
     """
-    r = cfg.RPN
-    post = r.TRAIN_POST_NMS_TOPK if training else r.TEST_POST_NMS_TOPK
-    image_hw = tf.cast(image_hw, tf.float32)
-    if cfg.MODE_FPN and cfg.FPN.PROPOSAL_MODE == "Level":
-        per_level = r.TRAIN_PER_LEVEL_NMS_TOPK if training else r.TEST_PER_LEVEL_NMS_TOPK
-        boxes, scores = [], []
-        for lg, dl, an in zip(logits, deltas, anchors):
-            b, s = _nms_topk(tf_decode(dl, an), lg, pre_nms_topk=per_level, post_nms_topk=per_level,
-                             nms_thresh=r.PROPOSAL_NMS_THRESH, min_size=r.MIN_SIZE, image_hw=image_hw)
-            boxes.append(b)
-            scores.append(s)
-        boxes, scores = tf.concat(boxes, 0), tf.concat(scores, 0)
-        k = tf.minimum(post, tf.size(scores))
-        scores, idx = tf.nn.top_k(scores, k=k, sorted=True)
-        boxes = tf.gather(boxes, idx)
-    else:
-        pre = r.TRAIN_PRE_NMS_TOPK if training else r.TEST_PRE_NMS_TOPK
-        boxes = tf_decode(tf.concat(deltas, 0), tf.concat(anchors, 0))
-        boxes, scores = _nms_topk(boxes, tf.concat(logits, 0), pre_nms_topk=pre, post_nms_topk=post,
-                                  nms_thresh=r.PROPOSAL_NMS_THRESH, min_size=r.MIN_SIZE, image_hw=image_hw)
-    return tf.stop_gradient(boxes), tf.stop_gradient(scores)
+    with tf.name_scope(scopes.PROPOSALS):
+        r = cfg.RPN
+        post = r.TRAIN_POST_NMS_TOPK if training else r.TEST_POST_NMS_TOPK
+        image_hw = tf.cast(image_hw, tf.float32)
+        if cfg.MODE_FPN and cfg.FPN.PROPOSAL_MODE == "Level":
+            per_level = r.TRAIN_PER_LEVEL_NMS_TOPK if training else r.TEST_PER_LEVEL_NMS_TOPK
+            boxes, scores = [], []
+            for lg, dl, an in zip(logits, deltas, anchors):
+                b, s = _nms_topk(tf_decode(dl, an), lg, pre_nms_topk=per_level, post_nms_topk=per_level,
+                                 nms_thresh=r.PROPOSAL_NMS_THRESH, min_size=r.MIN_SIZE, image_hw=image_hw)
+                boxes.append(b)
+                scores.append(s)
+            boxes, scores = tf.concat(boxes, 0), tf.concat(scores, 0)
+            k = tf.minimum(post, tf.size(scores))
+            scores, idx = tf.nn.top_k(scores, k=k, sorted=True)
+            boxes = tf.gather(boxes, idx)
+        else:
+            pre = r.TRAIN_PRE_NMS_TOPK if training else r.TEST_PRE_NMS_TOPK
+            boxes = tf_decode(tf.concat(deltas, 0), tf.concat(anchors, 0))
+            boxes, scores = _nms_topk(boxes, tf.concat(logits, 0), pre_nms_topk=pre, post_nms_topk=post,
+                                      nms_thresh=r.PROPOSAL_NMS_THRESH, min_size=r.MIN_SIZE, image_hw=image_hw)
+        return tf.stop_gradient(boxes), tf.stop_gradient(scores)
