@@ -151,7 +151,7 @@ _C.DATA.TRAIN = ("coco_train2017",)
 _C.DATA.VAL = ("coco_val2017",)
 _C.DATA.NUM_CATEGORY = 0      # derived from the training annotations in finalize
 _C.DATA.CLASS_NAMES = []      # derived: ["BG", ...category names]
-_C.DATA.NUM_WORKERS = 2       # decode/augment threads per rank (threads, never forked processes)
+_C.DATA.NUM_WORKERS = 2       # input worker processes per rank (fresh interpreters, no TF); 0: in the trainer
 _C.DATA.QUEUE_BATCHES = 3     # prepared batches queued per rank (host RAM: docs/training.md; 50 held ~4 GB)
 
 # ---------------------------------------------------------------------------------------------
@@ -322,8 +322,8 @@ def _finalize(cfg: AttrDict, *, num_ranks: int, class_names, has_gpu) -> None:
         _require(isinstance(names, (list, tuple)) and len(names) > 0 and all(isinstance(n, str) and n for n in names),
                  f"{key} must name at least one split (e.g. 'coco_train2017'), got {names!r}")
     cfg.DATA.TRAIN, cfg.DATA.VAL = tuple(cfg.DATA.TRAIN), tuple(cfg.DATA.VAL)
-    _require(_is_int(cfg.DATA.NUM_WORKERS) and cfg.DATA.NUM_WORKERS >= 1,
-             f"DATA.NUM_WORKERS must be >= 1, got {cfg.DATA.NUM_WORKERS!r}")
+    _require(_is_int(cfg.DATA.NUM_WORKERS) and cfg.DATA.NUM_WORKERS >= 0,
+             f"DATA.NUM_WORKERS must be >= 0 (0: prepare images in the training process), got {cfg.DATA.NUM_WORKERS!r}")
     _require(_is_int(cfg.DATA.QUEUE_BATCHES) and cfg.DATA.QUEUE_BATCHES >= 1,
              f"DATA.QUEUE_BATCHES must be >= 1, got {cfg.DATA.QUEUE_BATCHES!r}")
     _require(cfg.TRAIN.GRADIENT_COMPRESSION in GRADIENT_COMPRESSION_CHOICES,
