@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import datetime
+import importlib.util
 import json
 import os
 import platform
+import sys
 import tempfile
 from pathlib import Path
 
@@ -12,6 +14,17 @@ REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+def load_test_helper(name: str):
+    """A helper module of tests/ (not a package) by its path: the emulated hosts, moto, ..."""
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, REPO / "tests" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 # --scale coco: the default (full-size) config at batch 4 on the COCO-realistic fixture: short edge 800,

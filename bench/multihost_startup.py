@@ -12,7 +12,6 @@ On 2 shared cores this measures the launch path's overhead, not scaling: 4 ranks
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import re
 import sys
@@ -20,23 +19,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import RESULTS, write_result
+from _common import REPO, RESULTS, load_test_helper, write_result
 
-REPO = Path(__file__).resolve().parent.parent
-
-
-def _load(name: str):
-    """A helper module of tests/ (not a package) by its path."""
-    spec = importlib.util.spec_from_file_location(name, REPO / "tests" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def run(*, hosts_count: int, per_host: int, steps: int, warmup: int, workdir: Path, efs: Path) -> dict:
-    emulated_hosts = _load("emulated_hosts")
-    sagemaker = _load("emulated_sagemaker")
+    emulated_hosts = load_test_helper("emulated_hosts")
+    sagemaker = load_test_helper("emulated_sagemaker")
     from training.configs.cpu_synthetic import OVERRIDES
 
     batch = int(next(o for o in OVERRIDES if o.startswith("TRAIN.BATCH_SIZE_PER_GPU=")).split("=")[1])

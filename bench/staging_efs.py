@@ -21,42 +21,17 @@ import platform
 import random
 import resource
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-RESULTS = REPO / "bench" / "results"
+from _common import REPO, RESULTS, load_test_helper
+
 BUCKET = "bench-staging"
 MB = 1 << 20
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_moto() -> tuple[subprocess.Popen, str]:
-    port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 60
-    while True:
-        try:
-            urllib.request.urlopen(url + "/moto-api/", timeout=1)
-            return proc, url
-        except OSError:
-            if proc.poll() is not None or time.time() > deadline:
-                proc.kill()
-                raise RuntimeError("moto server did not start")
-            time.sleep(0.2)
 
 
 def make_tree(root: Path, *, small: int, small_kb: int, large: int, large_mb: int, seed: int = 0) -> None:
@@ -184,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     from launch.staging import s3sync
     concurrency = args.concurrency or s3sync.default_concurrency()
     work = Path(tempfile.mkdtemp(prefix="bench-staging-"))
-    moto, endpoint = start_moto()
+    moto, endpoint = load_test_helper("aws_fakes").start_moto_server()
     base_env = {**os.environ, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
                 "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": endpoint,
                 "AWS_CONFIG_FILE": str(aws_config(work / "aws-config-10", 10)),

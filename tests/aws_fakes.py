@@ -1,6 +1,11 @@
 """Stand-ins for deployed AWS state, shared by every test folder (tests/ is on sys.path through
 tests/conftest.py): a SageMakerStack as the launchers see it, and request capture."""
 import json
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
 
 from infra import outputs
 
@@ -31,3 +36,29 @@ def capture_requests(session, operation="CreateTrainingJob"):
     session.events.register(f"before-send.sagemaker.{operation}",
                             lambda request, **kw: seen.append(json.loads(request.body)))
     return seen
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_moto_server() -> tuple[subprocess.Popen, str]:
+    """A moto server on a free port of 127.0.0.1, answering: (process, endpoint URL).
+
+    Used by the ``moto_server`` fixture and by bench/staging_efs.py; the caller stops it."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 60
+    while True:
+        try:
+            urllib.request.urlopen(url + "/moto-api/", timeout=1)
+            return proc, url
+        except OSError:
+            if proc.poll() is not None or time.time() > deadline:
+                proc.kill()
+                raise RuntimeError("moto server did not start")
+            time.sleep(0.2)
