@@ -22,6 +22,7 @@ import cv2
 import numpy as np
 from tensorpack.dataflow import DataFlow
 
+from training.data import augment
 from training.data.batch_layout import AnchorCache, BatchLayout, anchor_count, fill_slot, place_example
 # the per-image steps live in training.data.examples (TensorFlow-free, for the workers); re-exported
 from training.data.examples import (SIZE_DIVISOR, Augmentation, ImageReadError, batch_padded_size,  # noqa: F401
