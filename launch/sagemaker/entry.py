@@ -16,7 +16,7 @@ Why sagemaker-training (the maintained toolkit) and what is our own:
   channel directories, GPU count and the network interface; ``files`` writes failure/success files.
 - ``mpi.MasterRunner``/``WorkerRunner`` do the multi-host wiring that failed in the seed ("cannot
   connect to algo-1"): sshd, waiting for every host, mpirun over SageMaker's network interface with
-  the hostname shim, the status handshake that lets workers exit. It runs an entry script from the
+  the hostname shim (not its ending: see ``_run_leader``). It runs an entry script from the
   code directory under ``python -m mpi4py`` (so an uncaught exception aborts every rank instead of
   hanging them); we write that three-line script, as the toolkit expects user code there.
 - Our own: the SSH key that lets the hosts reach each other. The toolkit expects a key baked into the
@@ -252,6 +252,23 @@ def _cluster_failure(err: Exception, output: _RankOutput) -> str:
             + "\n\nlast output:\n" + "\n".join(output.tail))
 
 
+def _run_leader(runner, job: Job, env_vars: dict[str, str]) -> None:
+    """``MasterRunner.run(wait=True)`` without its ending: that writes the toolkit's status file on the
+    other hosts and then sleeps a fixed 30 s, for workers that wait with the toolkit (ours wait for the
+    leader's outcome file instead), so every instance of every job stayed up, billed, 30 s longer.
+    The same steps otherwise: sshd and the wait for every host, the mpirun command, the rank errors."""
+    from sagemaker_training import environment, logging_config, process
+    from sagemaker_training.smdataparallel import get_dataparallel_exception_classes
+
+    runner._setup()
+    command = runner._create_command()
+    logging_config.log_script_invocation(command, env_vars)
+    errors = {*process.get_debugger_exception_classes(), *process.get_tensorflow_exception_classes(),
+              *get_dataparallel_exception_classes()}
+    process.check_error(command, list(errors), job.processes_per_host, capture_error=True,
+                        cwd=environment.code_dir)
+
+
 def run_multi_host(job: Job) -> None:
     from sagemaker_training import environment, mpi
 
@@ -273,7 +290,7 @@ def run_multi_host(job: Job) -> None:
         output = _RankOutput(sys.stdout)
         try:
             with contextlib.redirect_stdout(output):
-                runner.run(wait=True, capture_error=True)
+                _run_leader(runner, job, env_vars)
         except Exception as err:  # the toolkit raises ExecuteUserScriptError or a subclass named for the error
             raise JobError(_cluster_failure(err, output)) from None
         finally:
