@@ -86,18 +86,23 @@ class _BufferRing:
 
     def __init__(self, keep: int):
         self.keep = keep
+        self.largest = 0
         self.buffers: list[_SharedBuffer] = []
 
     def take(self, nbytes: int) -> _SharedBuffer:
-        free = [b for b in self.buffers if not b.in_use()]
+        free = sorted((b for b in self.buffers if not b.in_use()), key=lambda b: b.capacity)
         fits = [b for b in free if b.capacity >= nbytes]
+        # idle buffers too small for this batch go (a new one sized for the largest batch seen
+        # replaces them), and idle ones beyond ``keep``
+        drop = [b for b in free if b.capacity < nbytes] if not fits else free[:max(0, len(free) - self.keep)]
+        for buffer in drop:
+            self.buffers.remove(buffer)
+            buffer.release()
+        fits = [b for b in fits if b not in drop]
         if fits:
-            return min(fits, key=lambda b: b.capacity)
-        for idle in sorted(free, key=lambda b: b.capacity)[:max(0, len(free) + 1 - self.keep)]:
-            self.buffers.remove(idle)
-            idle.release()
-        # room for the largest batch seen so far: the ring converges on a few buffers that hold any batch
-        buffer = _SharedBuffer(max([nbytes] + [b.capacity for b in self.buffers]))
+            return fits[0]
+        buffer = _SharedBuffer(max([nbytes, self.largest]))
+        self.largest = buffer.capacity
         self.buffers.append(buffer)
         return buffer
 
@@ -170,8 +175,8 @@ class TrainingBatches(DataFlow):
             yield from self._in_process()
             return
         pool = WorkerPool(self.cfg.DATA.NUM_WORKERS, self.cfg)
-        # in flight, the batch the consumer holds, the one it is about to release, one spare
-        ring = _BufferRing(keep=self.batches_ahead + 3)
+        # idle buffers kept: enough for every batch in flight and one the consumer holds
+        ring = _BufferRing(keep=self.batches_ahead + 1)
         pending: collections.deque[_Batch] = collections.deque()
         owner: dict[int, _Batch] = {}
         keys = itertools.count()
