@@ -34,12 +34,16 @@ VPC_CIDR = "10.0.0.0/16"
 SUBNET_CIDR = "10.0.2.0/24"
 MOTO_PORT = 5000
 GROUPS = {"master": ("emulated-master-asg", 1), "worker": ("emulated-worker-asg", 2)}
-# One CPU rank per node, 2 images each: global batch 6; 48 images an epoch = 8 steps; 2 epochs.
-TRAINING = [*cpu_synthetic.OVERRIDES, "TRAIN.IMAGES_PER_EPOCH=48", "TRAIN.LR_EPOCH_SCHEDULE=[(1, 0.5), (2, None)]",
+# One CPU rank per node, 2 images each: global batch 6; 12 images an epoch = 2 steps; 3 epochs. The
+# claim needs a checkpoint before the kill (epoch 1's) and steps after the resume, not many steps;
+# the last 2 epochs (4 steps, ~10 s here) are the window in which the worker dies.
+EPOCHS, STEPS_PER_EPOCH = 3, 2
+MAX_STEPS = EPOCHS * STEPS_PER_EPOCH
+TRAINING = [*cpu_synthetic.OVERRIDES, "TRAIN.IMAGES_PER_EPOCH=12",
+            f"TRAIN.LR_EPOCH_SCHEDULE=[({EPOCHS - 1}, 0.5), ({EPOCHS}, None)]",
             "TRAIN.LOG_PERIOD=1", "TRAIN.WARMUP=2", "PREPROC.TRAIN_SHORT_EDGE_SIZE=[96, 96]",
             "PREPROC.TEST_SHORT_EDGE_SIZE=96", "PREPROC.MAX_SIZE=96", "RPN.TRAIN_PER_LEVEL_NMS_TOPK=100",
             "RPN.TEST_PER_LEVEL_NMS_TOPK=100"]
-STEPS_PER_EPOCH, MAX_STEPS = 8, 16
 
 # Run inside the master against its moto: the stack's two groups (CPU instances: one slot each),
 # then the private IP of every InService instance per group.
@@ -210,9 +214,9 @@ def test_cluster_checks_trains_and_resumes_after_a_worker_dies(cluster, tmp_path
         # Attempt 1 on all three nodes: discovered through the groups, every check passed over SSH.
         out.wait_for(r"3 of 3 nodes healthy", 120)
         out.wait_for(r"attempt 1: 3 node\(s\), 3 rank\(s\)", 30)
-        out.wait_for(rf"training on 3 rank\(s\), 2 image\(s\) per rank.*{MAX_STEPS} steps = 2 epochs of "
+        out.wait_for(rf"training on 3 rank\(s\), 2 image\(s\) per rank.*{MAX_STEPS} steps = {EPOCHS} epochs of "
                      rf"{STEPS_PER_EPOCH}", 300)
-        # The first epoch's checkpoint is written: kill the worker while the second epoch trains.
+        # The first epoch's checkpoint is written: kill the worker while the later epochs train.
         deadline = time.time() + 300
         while not (logdir / f"model-{STEPS_PER_EPOCH}.index").exists():
             assert run.poll() is None and time.time() < deadline, out.text()[-5000:]
@@ -241,8 +245,8 @@ def test_cluster_checks_trains_and_resumes_after_a_worker_dies(cluster, tmp_path
     text = out.text()
     assert "attempt 2: 3 node(s), 3 rank(s)" in text
     # Attempt 2 resumed from the first epoch's checkpoint with the same ranks, batch and schedule.
-    resumed = re.search(r"training on (\d+) rank\(s\), (\d+) image\(s\) per rank.*?(\d+) steps = 2 epochs of (\d+); "
-                        r"LR ([0-9.e-]+); resuming from \S+ at step (\d+)", text)
+    resumed = re.search(r"training on (\d+) rank\(s\), (\d+) image\(s\) per rank.*?(\d+) steps = "
+                        rf"{EPOCHS} epochs of (\d+); LR ([0-9.e-]+); resuming from \S+ at step (\d+)", text)
     first = re.search(r"training on \d+ rank\(s\).*?LR ([0-9.e-]+)", text)
     assert resumed, text[-5000:]
     assert resumed.groups()[:4] == ("3", "2", str(MAX_STEPS), str(STEPS_PER_EPOCH))
