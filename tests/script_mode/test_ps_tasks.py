@@ -6,7 +6,7 @@ import textwrap
 
 import pytest
 
-from script_mode import local, ps_tasks, sagemaker_ps
+from script_mode import data, local, ps_tasks, sagemaker_ps
 
 # Records its TF_CONFIG and arguments, then behaves as its role is told to by the environment.
 STAND_IN = textwrap.dedent("""
@@ -22,6 +22,15 @@ STAND_IN = textwrap.dedent("""
 """)
 
 
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    """A small digits file where the runner looks: the stand-ins never read it, and without one the
+    runner generates the default 14,000 digits (seconds) for every run."""
+    d = tmp_path_factory.mktemp("digits")
+    data.ensure(d / data.DATA_FILE, n_train=20, n_test=10)
+    return d
+
+
 @pytest.fixture
 def stand_in(tmp_path, monkeypatch):
     script = tmp_path / "stand_in.py"
@@ -32,17 +41,17 @@ def stand_in(tmp_path, monkeypatch):
     return script, out
 
 
-def _plan(tmp_path, script, **kw):
-    return local.make_plan("ps", workers=2, ps=1, script=script, data_dir=tmp_path / "data",
+def _plan(tmp_path, script, data_dir, **kw):
+    return local.make_plan("ps", workers=2, ps=1, script=script, data_dir=data_dir,
                            run_dir=tmp_path / "run", script_args=["--epochs", "1"], **kw)
 
 
-def test_every_task_gets_its_own_tf_config(tmp_path, stand_in, monkeypatch):
+def test_every_task_gets_its_own_tf_config(tmp_path, stand_in, data_dir, monkeypatch):
     script, out = stand_in
     monkeypatch.setenv("SLEEP_CHIEF", "1")
-    monkeypatch.setenv("SLEEP_WORKER", "6")  # servers outlive the chief, then stop by themselves
-    monkeypatch.setenv("SLEEP_PS", "6")
-    result = local.run(_plan(tmp_path, script))
+    monkeypatch.setenv("SLEEP_WORKER", "4")  # servers outlive the chief, then stop by themselves
+    monkeypatch.setenv("SLEEP_PS", "4")
+    result = local.run(_plan(tmp_path, script, data_dir))
     assert result.returncode == 0
     seen = {p.stem: json.loads(p.read_text()) for p in out.iterdir()}
     assert sorted(seen) == ["chief-0", "ps-0", "worker-0", "worker-1"]
@@ -52,7 +61,7 @@ def test_every_task_gets_its_own_tf_config(tmp_path, stand_in, monkeypatch):
     assert "worker-1 log line" in (tmp_path / "run" / "logs" / "worker-1.log").read_text()
 
 
-def test_a_server_that_dies_stops_the_run_with_its_log(tmp_path, stand_in, monkeypatch):
+def test_a_server_that_dies_stops_the_run_with_its_log(tmp_path, stand_in, data_dir, monkeypatch):
     script, _ = stand_in
     for role in ("CHIEF", "WORKER", "PS"):
         monkeypatch.setenv(f"SLEEP_{role}", "60")
@@ -60,16 +69,16 @@ def test_a_server_that_dies_stops_the_run_with_its_log(tmp_path, stand_in, monke
     monkeypatch.setenv("EXIT_WORKER_1", "3")
     with pytest.raises(ps_tasks.TaskFailed, match=r"worker-1 exited with code 3(.|\n)*"
                                                   r"worker-1 log line"):
-        local.run(_plan(tmp_path, script, timeout_s=50))
+        local.run(_plan(tmp_path, script, data_dir, timeout_s=50))
 
 
-def test_a_stuck_run_times_out(tmp_path, stand_in, monkeypatch, capsys):
+def test_a_stuck_run_times_out(tmp_path, stand_in, data_dir, monkeypatch, capsys):
     script, _ = stand_in
     monkeypatch.setenv("SLEEP_CHIEF", "60")
     monkeypatch.setenv("SLEEP_WORKER", "60")
     monkeypatch.setenv("SLEEP_PS", "60")
     code = local.main(["--strategy", "ps", "--workers", "2", "--script", str(script),
-                       "--data-dir", str(tmp_path / "data"), "--run-dir", str(tmp_path / "run"),
+                       "--data-dir", str(data_dir), "--run-dir", str(tmp_path / "run"),
                        "--timeout", "3"])
     assert code == 1
     assert "took longer than 3 s" in capsys.readouterr().err
