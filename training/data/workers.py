@@ -121,10 +121,6 @@ class WorkerPool:
         finally:
             os.close(lifeline_r)
 
-    @property
-    def pids(self) -> list[int]:
-        return [w.proc.pid for w in self._workers]
-
     def submit(self, key, fd: int, task: tuple, path: str) -> None:
         """Queue ``task`` (``(buffer id, its size, the live buffer ids, slot, layout, record,
         augmentation, rng)``) on the shared buffer ``fd``; ``path`` names the image in errors.
