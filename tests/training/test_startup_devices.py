@@ -8,11 +8,16 @@ is being mapped to multiple devices"). No GPU here, so the property is checked o
 themselves: before the trainer's session, every session must be configured with no GPU device
 (``device_count={"GPU": 0}``, see training/collectives.py); after it, either that or the
 trainer's own pinning. A GPU is needed to see the crash; this catches its cause on any machine.
+
+The 2-process run is also the suite's check of training as `make demo` starts it (horovodrun --gloo,
+python -m training.train): SyncBN across the ranks, checkpoints, the evaluation gathered from both
+ranks and every metric line readable through horovodrun's prefix.
 """
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -22,6 +27,7 @@ from pathlib import Path
 import pytest
 
 from training.configs import coco_narrow
+from training.metrics import EVALUATION_METRICS, metric_regex
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -109,11 +115,19 @@ def _assert_no_gpu_mapping_before_the_trainer(trace):
 
 @pytest.mark.slow
 def test_two_horovod_processes_at_coco_shapes_map_no_gpu_before_the_trainer(tmp_path, coco_data):
-    # 8 images an epoch at 2 ranks x 4 = 1 step an epoch, 2 epochs; fp16 gradient allreduce on
+    # 8 images an epoch at 2 ranks x 4 = 1 step an epoch, 2 epochs; fp16 gradient allreduce on.
+    # Also the suite's 2-process run as `make demo` starts it (horovodrun --gloo, training.train), so
+    # with SyncBN: batch statistics allreduced across the ranks.
     out, traces = _run(tmp_path, coco_data, 2, ["TRAIN.IMAGES_PER_EPOCH=8", "TRAIN.LR_EPOCH_SCHEDULE=[(2, None)]",
-                                                "TRAIN.GRADIENT_COMPRESSION='fp16'"])
+                                                "TRAIN.GRADIENT_COMPRESSION='fp16'", "BACKBONE.NORM='SyncBN'"])
     assert "training on 2 rank(s), 4 image(s) per rank" in out and "step 2/2 " in out
-    assert "mAP(bbox)/IoU=0.5:" in out  # the gathered evaluation ran too
+    assert (tmp_path / "log" / "model-2.index").exists()
+    # rank 0 evaluated the detections gathered from both ranks after each epoch; every metric line, with
+    # horovodrun's prefix, is still what its regex (SageMaker's metric definition) reads
+    history = json.loads((tmp_path / "log" / "eval_results.json").read_text())
+    assert [h["global_step"] for h in history] == [1, 2]
+    for name in EVALUATION_METRICS:
+        assert any(re.fullmatch(metric_regex(name), line) for line in out.splitlines()), name
     for trace in traces:
         _assert_no_gpu_mapping_before_the_trainer(trace)
         assert len(trace["sessions"]) >= 3  # startup verdict, resume state, trainer (+ gathers)
