@@ -28,6 +28,9 @@ REGISTRY="$EFS_MOUNT/.maskrcnn/$STACK_NAME/nodes"
 IMDS="${AWS_EC2_METADATA_SERVICE_ENDPOINT:-http://169.254.169.254}"
 IMDS="${IMDS%/}"
 KEY_HEADER='-----BEGIN OPENSSH PRIVATE KEY-----'
+# Seconds between checks while a node waits for the master's key or for every node to register.
+# Nothing sets the variable on an instance; the boot tests shorten the wait with it.
+POLL_SECONDS="${MASKRCNN_BOOT_POLL_SECONDS:-15}"
 
 log() { echo "[maskrcnn-boot $(date -u +%FT%TZ)] $*" >&2; }
 
@@ -201,8 +204,8 @@ install_cluster_key() {
           log "the master has not published the cluster key after 30 minutes"
           return 1
         fi
-        sleep 15
-        waited=$((waited + 15))
+        sleep "$POLL_SECONDS"
+        waited=$((waited + POLL_SECONDS))
         key=$(retry 10 6 read_cluster_key)
       done
     fi
@@ -290,7 +293,7 @@ write_hostfile() {  # write_hostfile WAIT_SECONDS: wait up to that long for ever
     if (( have >= expected || SECONDS >= deadline )); then
       break
     fi
-    sleep 15
+    sleep "$POLL_SECONDS"
   done
   mv "$tmp" /etc/maskrcnn/hostfile
   log "hostfile: $have of $expected nodes"

@@ -28,6 +28,9 @@ from cdk_synth import deploy_to_moto, prepare_moto_account
 CLUSTER = outputs.EFS_CLUSTER_STACK
 GPUS_OF_TYPE = 8
 KEY_HEADER = "-----BEGIN OPENSSH PRIVATE KEY-----"
+# The boot script's poll period while a worker waits for the master's key or for every node to
+# register (15 s on an instance): the same waits, without 15 s of idle time each.
+POLL_SECONDS = "1"
 STUBS = {
     "nvidia-smi": 'for ((i = 0; i < NODE_GPUS; i++)); do echo "GPU $i: NVIDIA A10G (UUID: GPU-$i)"; done',
     "docker": 'echo "docker $*" >> "$NODE_CALLS"; [ "$1" != login ] || cat > "$NODE_CALLS.password"',
@@ -127,7 +130,8 @@ def _start_node(root: Path, user_data: str, imds: str, stubs: Path,
              f" && test -e /etc/MASKRCNN_SANDBOX && exec bash {root / 'user-data'}")
     env = {**os.environ, "PATH": f"{stubs}:{os.environ['PATH']}",
            "NODE_CALLS": str(root / "calls.log"), "AWS_EC2_METADATA_SERVICE_ENDPOINT": imds,
-           "NODE_GPUS": str(gpus), "NODE_NVME": nvme, **(extra_env or {})}
+           "NODE_GPUS": str(gpus), "NODE_NVME": nvme, "MASKRCNN_BOOT_POLL_SECONDS": POLL_SECONDS,
+           **(extra_env or {})}
     return subprocess.Popen(["unshare", "--mount", "--propagation", "private", "bash", "-c", setup],
                             env=env, stdout=(root / "console.log").open("w"),
                             stderr=subprocess.STDOUT)
