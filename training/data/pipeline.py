@@ -65,6 +65,9 @@ class _SharedBuffer:
     _ids = itertools.count()
 
     def __init__(self, capacity: int):
+        if not hasattr(os, "memfd_create"):
+            raise RuntimeError("input worker processes need Linux (memfd_create); set DATA.NUM_WORKERS=0 to "
+                               "prepare images in the training process on this system")
         self.id = next(self._ids)
         self.capacity = capacity
         self.fd = os.memfd_create(f"maskrcnn-batch-{self.id}", os.MFD_CLOEXEC)

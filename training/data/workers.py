@@ -102,7 +102,10 @@ class WorkerPool:
         self._workers: list[_Worker] = []
         lifeline_r, self._lifeline_w = os.pipe()  # not inheritable: only listed descriptors reach a child
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p),
+                   # one thread per worker: the workers are the parallelism (8 ranks x N workers on a
+                   # 96-core node would otherwise each start a BLAS / OpenMP pool as wide as the node)
+                   OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
         try:
             for _ in range(num_workers):
                 parent_sock, child_sock = socket.socketpair()
