@@ -10,6 +10,7 @@ import pytest
 from infra import outputs
 from launch.sagemaker import script_mode as launcher
 from launch.sagemaker.script_mode import ScriptModeJob
+from script_mode import data as digits_data
 
 from aws_fakes import BUCKET, STACK_OUTPUTS, capture_requests, deploy_stack
 
@@ -26,6 +27,15 @@ def stack(sagemaker_env):
     return session
 
 
+@pytest.fixture(scope="module")
+def small_digits(tmp_path_factory):
+    """A small digits file for the jobs whose data is not the point: without one, each launch
+    generates the default 14,000 digits (seconds). test_ps_job checks that generation."""
+    d = tmp_path_factory.mktemp("digits")
+    digits_data.ensure(d / digits_data.DATA_FILE, n_train=20, n_test=10)
+    return d
+
+
 def _staged(session, channel):
     """{relative key: bytes} of the S3 prefix a channel of the request points at."""
     uri = channel["DataSource"]["S3DataSource"]["S3Uri"]
@@ -36,10 +46,10 @@ def _staged(session, channel):
             for k in keys}
 
 
-def _run(session, tmp_path, **kw):
+def _run(session, data_dir, **kw):
     """One job per test: sagemaker-core caches its client, so a hook added later misses it."""
     sent = capture_requests(session)
-    job = ScriptModeJob(data=str(tmp_path / "data"), **kw)
+    job = ScriptModeJob(data=str(data_dir), **kw)
     launcher.start(job, session=session)
     assert len(sent) == 1
     body = sent[0]
@@ -49,7 +59,7 @@ def _run(session, tmp_path, **kw):
 
 def test_ps_job(stack, tmp_path):
     session = stack
-    body, channels = _run(session, tmp_path, strategy="ps", instance_type="ml.c5.2xlarge",
+    body, channels = _run(session, tmp_path / "data", strategy="ps", instance_type="ml.c5.2xlarge",
                           instance_count=3, hyperparameters={"epochs": 6, "batch_size": 128})
     assert body["TrainingJobName"].startswith("script-mode-ps-")
     assert body["ResourceConfig"] == {"InstanceType": "ml.c5.2xlarge", "InstanceCount": 3,
@@ -74,9 +84,9 @@ def test_ps_job(stack, tmp_path):
     assert b"basic_script_driver.py" in drivers["sm_train.sh"]
 
 
-def test_horovod_job(stack, tmp_path):
+def test_horovod_job(stack, small_digits):
     session = stack
-    body, channels = _run(session, tmp_path, strategy="horovod", instance_type="ml.m5.xlarge",
+    body, channels = _run(session, small_digits, strategy="horovod", instance_type="ml.m5.xlarge",
                           instance_count=2, processes_per_host=2)
     assert body["ResourceConfig"] == {"InstanceType": "ml.m5.xlarge", "InstanceCount": 2,
                                       "VolumeSizeInGB": 30}
@@ -100,14 +110,14 @@ def test_horovod_job(stack, tmp_path):
     assert code["job_ssh/id_ed25519"].startswith(b"-----BEGIN OPENSSH PRIVATE KEY-----")
 
 
-def test_image_override(stack, tmp_path):
-    body, _ = _run(stack, tmp_path, strategy="horovod", image_uri="my/image:1")
+def test_image_override(stack, small_digits):
+    body, _ = _run(stack, small_digits, strategy="horovod", image_uri="my/image:1")
     assert body["AlgorithmSpecification"]["TrainingImage"] == "my/image:1"
 
 
-def test_aws_tensorflow_image_for_ps(stack, tmp_path):
+def test_aws_tensorflow_image_for_ps(stack, small_digits):
     # AWS's TensorFlow CPU training container of the project's TensorFlow version.
-    body, _ = _run(stack, tmp_path, strategy="ps", aws_tf_image=True)
+    body, _ = _run(stack, small_digits, strategy="ps", aws_tf_image=True)
     assert body["AlgorithmSpecification"]["TrainingImage"] == \
         "763104351884.dkr.ecr.us-east-1.amazonaws.com/tensorflow-training:2.18-cpu-py310"
 
@@ -135,16 +145,16 @@ def test_bad_input_is_refused_before_anything_is_sent(stack, tmp_path, capsys, a
     assert not (tmp_path / "data").exists()  # not even the data was generated
 
 
-def test_dry_run_prints_the_request_and_creates_no_job(stack, tmp_path, capsys):
+def test_dry_run_prints_the_request_and_creates_no_job(stack, small_digits, capsys):
     assert launcher.main(["--strategy", "horovod", "--instance-count", "3", "--dry-run",
-                          "--data", str(tmp_path / "data")]) == 0
+                          "--data", str(small_digits)]) == 0
     request = json.loads(capsys.readouterr().out)
     assert request["ResourceConfig"]["InstanceCount"] == 3
     assert request["HyperParameters"] == {"strategy": "horovod"}
     assert stack.client("sagemaker").list_training_jobs()["TrainingJobSummaries"] == []
 
 
-def test_the_sdks_role_check_does_not_stop_the_launcher(stack, tmp_path, monkeypatch):
+def test_the_sdks_role_check_does_not_stop_the_launcher(stack, small_digits, monkeypatch):
     """With the SDK's role check on (its default), building the trainer would simulate the stack's
     scoped role (iam:SimulatePrincipalPolicy; moto has no such API and errors): the launcher skips it."""
     monkeypatch.delenv("SAGEMAKER_VALIDATE_ROLE")
@@ -152,7 +162,7 @@ def test_the_sdks_role_check_does_not_stop_the_launcher(stack, tmp_path, monkeyp
     stack.events.register("before-send.iam.SimulatePrincipalPolicy",
                           lambda request, **kw: simulated.append(request.body))
     with tempfile.TemporaryDirectory() as code_dir:
-        trainer = launcher.build_trainer(stack, ScriptModeJob(strategy="ps", data=str(tmp_path / "data")),
+        trainer = launcher.build_trainer(stack, ScriptModeJob(strategy="ps", data=str(small_digits)),
                                          Path(code_dir))
     assert trainer.role == STACK_OUTPUTS[outputs.TRAINING_ROLE_ARN]
     assert simulated == []
