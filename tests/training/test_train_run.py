@@ -15,7 +15,10 @@ import pytest
 from training.metrics import EVALUATION_METRICS, TRAINING_METRICS, metric_regex
 
 REPO = Path(__file__).resolve().parents[2]
-TINY = ["TRAIN.IMAGES_PER_EPOCH=8", "TRAIN.LOG_PERIOD=1", "TRAIN.WARMUP=4",
+# 4 images an epoch at 2 images a step: 2 steps an epoch (a run of 2 epochs ends at step 4, its
+# resume to 3 epochs trains steps 5-6).
+STEPS_PER_EPOCH = 2
+TINY = [f"TRAIN.IMAGES_PER_EPOCH={2 * STEPS_PER_EPOCH}", "TRAIN.LOG_PERIOD=1", "TRAIN.WARMUP=2",
         "PREPROC.TRAIN_SHORT_EDGE_SIZE=[96, 96]", "PREPROC.TEST_SHORT_EDGE_SIZE=96", "PREPROC.MAX_SIZE=96",
         "RPN.TRAIN_PER_LEVEL_NMS_TOPK=100", "RPN.TEST_PER_LEVEL_NMS_TOPK=100"]
 
@@ -55,17 +58,17 @@ def trained(tiny_dataset, tmp_path_factory):
 @pytest.mark.slow
 def test_few_step_training_run_writes_checkpoint_events_metrics(trained):
     logdir, out = trained
-    # 8 images per epoch at 2 images per step: 4 steps per epoch, 2 epochs
-    assert (logdir / "checkpoint").exists() and (logdir / "model-8.index").exists()
+    last = 2 * STEPS_PER_EPOCH   # 2 epochs
+    assert (logdir / "checkpoint").exists() and (logdir / f"model-{last}.index").exists()
     assert list(logdir.glob("events.out.tfevents.*")), "no TensorBoard events"
-    assert "step 8/8" in out and "images/s" in out and "ETA" in out
+    assert f"step {last}/{last}" in out and "images/s" in out and "ETA" in out
     for name in TRAINING_METRICS + EVALUATION_METRICS:  # every seed-002 metric, in the form its regex reads
         values = [m.group(1) for line in out.splitlines() if (m := re.fullmatch(metric_regex(name), line))]
         assert values, f"no log line for {name}"
         float(values[-1])
     history = json.loads((logdir / "eval_results.json").read_text())
-    assert history[-1]["global_step"] == 8 and set(EVALUATION_METRICS) <= set(history[-1])
-    assert json.loads((logdir / "config.json").read_text())["TRAIN"]["MAX_STEPS"] == 8
+    assert history[-1]["global_step"] == last and set(EVALUATION_METRICS) <= set(history[-1])
+    assert json.loads((logdir / "config.json").read_text())["TRAIN"]["MAX_STEPS"] == last
 
 
 @pytest.mark.slow
@@ -73,10 +76,11 @@ def test_resume_continues_at_the_saved_step(trained, tiny_dataset):
     logdir, _ = trained
     proc = run_module("training.train", *train_args(logdir, tiny_dataset, 3))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "at step 8" in proc.stdout  # "resuming from .../model-8 at step 8"
-    steps = [int(m.group(1)) for m in re.finditer(r"^step (\d+)/12 ", proc.stdout, re.M)]
-    assert steps and steps[0] == 9 and steps[-1] == 12
-    assert (logdir / "model-12.index").exists()
+    saved, last = 2 * STEPS_PER_EPOCH, 3 * STEPS_PER_EPOCH
+    assert f"at step {saved}" in proc.stdout  # "resuming from .../model-4 at step 4"
+    steps = [int(m.group(1)) for m in re.finditer(rf"^step (\d+)/{last} ", proc.stdout, re.M)]
+    assert steps and steps[0] == saved + 1 and steps[-1] == last
+    assert (logdir / f"model-{last}.index").exists()
     # a finished schedule is not trained again
     again = run_module("training.train", *train_args(logdir, tiny_dataset, 3))
     assert again.returncode == 0 and "nothing to train" in again.stdout
@@ -89,9 +93,10 @@ def test_load_model_fine_tunes_from_step_zero(trained, tiny_dataset, tmp_path):
                                                      f"TRAIN.LOAD_MODEL={str(logdir)!r}"))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert f"fine-tuning from {logdir / 'model-'}" in proc.stdout  # the latest checkpoint of that run
-    steps = [int(m.group(1)) for m in re.finditer(r"^step (\d+)/8 ", proc.stdout, re.M)]
-    assert steps[0] == 1 and steps[-1] == 8  # a new schedule from step 0, not a resume
-    assert (tmp_path / "ft" / "model-8.index").exists()
+    last = 2 * STEPS_PER_EPOCH
+    steps = [int(m.group(1)) for m in re.finditer(rf"^step (\d+)/{last} ", proc.stdout, re.M)]
+    assert steps[0] == 1 and steps[-1] == last  # a new schedule from step 0, not a resume
+    assert (tmp_path / "ft" / f"model-{last}.index").exists()
 
 
 @pytest.mark.slow
