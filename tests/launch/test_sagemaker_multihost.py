@@ -81,8 +81,9 @@ def test_two_hosts_train_and_the_leader_exports_the_model(emulated_hosts, efs, t
     assert not (shared / "id_rsa").exists()     # the job's private key does not outlive the job
     # The job ends once training has: the leader's outcome follows the last evaluation's figures
     # within seconds (the toolkit's MasterRunner.run added a fixed 30 s here, billed on every instance).
-    lingered = (shared / "outcome.json").stat().st_mtime - (efs / "logs" / JOB_NAME / "eval_results.json").stat().st_mtime
-    assert lingered < 15, f"the leader exited {lingered:.0f} s after training ended"
+    trained = (efs / "logs" / JOB_NAME / "eval_results.json").stat().st_mtime
+    lingered = (shared / "outcome.json").stat().st_mtime - trained
+    assert lingered < 20, f"the leader exited {lingered:.0f} s after training ended"
 
 
 @pytest.mark.slow
