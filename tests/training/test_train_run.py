@@ -34,6 +34,28 @@ def run_module(module, *args, timeout=600):
     return run_python("-m", module, *args, timeout=timeout)
 
 
+# MODULE.main(argv) for each argv in turn, in one interpreter (TensorFlow and Horovod imported once,
+# not once a case): exit status and stderr per case, as JSON on the last line.
+_MAIN_PER_CASE = """
+import contextlib, importlib, io, json, sys
+main = importlib.import_module(sys.argv[1]).main
+results = []
+for argv in json.loads(sys.argv[2]):
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        code = main(argv)
+    results.append({"code": code, "stderr": err.getvalue()})
+print(json.dumps(results))
+"""
+
+
+def run_mains(module, argvs):
+    """``python -m MODULE ARGV`` for each argv, as ``MODULE.main(argv)`` calls in one interpreter."""
+    proc = run_python("-c", _MAIN_PER_CASE, module, json.dumps(argvs))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return json.loads(proc.stdout.splitlines()[-1])
+
+
 @pytest.fixture(scope="module")
 def tiny_dataset(tmp_path_factory):
     from training.data.synthetic import SyntheticSpec, generate
@@ -102,10 +124,17 @@ def test_load_model_fine_tunes_from_step_zero(trained, tiny_dataset, tmp_path):
 @pytest.mark.slow
 def test_predict_writes_coco_results(trained, tiny_dataset, tmp_path):
     logdir, _ = trained
-    out = tmp_path / "results.json"
-    proc = run_module("training.predict", "--checkpoint", str(logdir), "--split", "val2017", "--output", str(out),
-                      "--config", f"DATA.BASEDIR={str(tiny_dataset)!r}")
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out, out2 = tmp_path / "results.json", tmp_path / "folder.json"
+    images = tmp_path / "images"
+    images.mkdir()
+    for p in sorted((tiny_dataset / "val2017").iterdir())[:2]:
+        (images / p.name).write_bytes(p.read_bytes())
+    # a split, then a folder of images: both predictions in one interpreter
+    split_run, folder_run = run_mains("training.predict", [
+        ["--checkpoint", str(logdir), "--split", "val2017", "--output", str(out),
+         "--config", f"DATA.BASEDIR={str(tiny_dataset)!r}"],
+        ["--checkpoint", str(logdir), "--images", str(images), "--output", str(out2)]])
+    assert split_run["code"] == 0, split_run["stderr"][-3000:]
     results = json.loads(out.read_text())
     assert isinstance(results, list)
     from pycocotools.coco import COCO
@@ -115,13 +144,7 @@ def test_predict_writes_coco_results(trained, tiny_dataset, tmp_path):
         assert r["image_id"] in gt.getImgIds() and r["category_id"] in gt.getCatIds()
     if results:
         gt.loadRes(results)
-    images = tmp_path / "images"
-    images.mkdir()
-    for p in sorted((tiny_dataset / "val2017").iterdir())[:2]:
-        (images / p.name).write_bytes(p.read_bytes())
-    out2 = tmp_path / "folder.json"
-    proc = run_module("training.predict", "--checkpoint", str(logdir), "--images", str(images), "--output", str(out2))
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert folder_run["code"] == 0, folder_run["stderr"][-3000:]
     assert all(r["file_name"] in {p.name for p in images.iterdir()} for r in json.loads(out2.read_text()))
 
 
@@ -131,28 +154,11 @@ BAD_INPUT = {
     "split": (["DATA.TRAIN=('no_such_split',)"], "no_such_split"),
     "weights": (["BACKBONE.WEIGHTS='missing-R50.npz'"], "BACKBONE.WEIGHTS"),
 }
-# training.train's main() for each argv in turn, in one interpreter (TensorFlow and Horovod imported
-# once, not once a case): its exit status and stderr per case, as JSON on the last line.
-_MAIN_PER_CASE = """
-import contextlib, io, json, sys
-from training import train
-results = []
-for argv in json.loads(sys.argv[1]):
-    err = io.StringIO()
-    with contextlib.redirect_stderr(err):
-        code = train.main(argv)
-    results.append({"code": code, "stderr": err.getvalue()})
-print(json.dumps(results))
-"""
-
-
 @pytest.fixture(scope="module")
 def bad_input_runs(tiny_dataset, tmp_path_factory):
     root = tmp_path_factory.mktemp("bad_input")
     argvs = [train_args(root / case / "log", tiny_dataset, 2, *extra) for case, (extra, _) in BAD_INPUT.items()]
-    proc = run_python("-c", _MAIN_PER_CASE, json.dumps(argvs))
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return root, dict(zip(BAD_INPUT, json.loads(proc.stdout.splitlines()[-1])))
+    return root, dict(zip(BAD_INPUT, run_mains("training.train", argvs)))
 
 
 @pytest.mark.slow
