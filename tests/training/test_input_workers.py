@@ -144,7 +144,10 @@ def test_a_dead_worker_is_reported(split):
 
 
 _CHILD = """
-import os, sys, time
+import os, signal, sys, time
+# Python's Ctrl-C handler, as a trainer started from a terminal has it: a child of a background
+# shell job (CI runners, `nohup ... &`) inherits SIGINT ignored, and Python then keeps ignoring it
+signal.signal(signal.SIGINT, signal.default_int_handler)
 {preamble}
 from training.config import finalize, new_config
 from training.configs.cpu_synthetic import OVERRIDES
