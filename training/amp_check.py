@@ -118,7 +118,7 @@ def check(cfg) -> dict:
     require_gpu_kernels()
     graph, train_op = training_graph(cfg)
     result = report(rewrite(graph, train_op), scopes.FLOAT32)
-    mask_only = () if cfg.MODE_MASK else (scopes.MASK_TARGETS, "maskrcnn_loss")
+    mask_only = () if cfg.MODE_MASK else (scopes.MASK_TARGETS, scopes.MASK_LOSS)
     missing = [s for s, n in result["scope_nodes"].items() if n == 0 and s not in mask_only]
     if missing:  # a renamed scope would otherwise pass unchecked
         raise RuntimeError(f"no nodes under the float32 scopes {missing}: training.model.scopes and the model disagree")

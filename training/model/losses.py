@@ -7,6 +7,7 @@ through :func:`training.metrics.format_metric`.
 from __future__ import annotations
 
 from training.compat import tf
+from training.model import scopes
 
 
 def _named(value, name):
@@ -15,7 +16,7 @@ def _named(value, name):
 
 def rpn_losses(anchor_labels, anchor_deltas_target, logits, deltas):
     """``anchor_labels [N]`` (1/0/-1), targets ``[N, 4]``, ``logits [N]``, ``deltas [N, 4]`` (all images)."""
-    with tf.name_scope("rpn_losses"):
+    with tf.name_scope(scopes.RPN_LOSSES):
         valid = tf.reshape(tf.where(anchor_labels >= 0), [-1])
         fg = tf.reshape(tf.where(tf.equal(anchor_labels, 1)), [-1])
         valid_labels = tf.cast(tf.gather(anchor_labels, valid), tf.float32)
@@ -31,7 +32,7 @@ def rpn_losses(anchor_labels, anchor_deltas_target, logits, deltas):
 
 def fastrcnn_losses(labels, logits, box_target, box_pred_fg):
     """``labels [R]``, ``logits [R, C+1]``, ``box_target``/``box_pred_fg`` ``[F, 4]`` (foreground ROIs)."""
-    with tf.name_scope("fastrcnn_losses"):
+    with tf.name_scope(scopes.FASTRCNN_LOSSES):
         label_loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits))
         num_rois = tf.maximum(tf.cast(tf.size(labels), tf.float32), 1.0)
         diff = tf.abs(box_pred_fg - box_target)
@@ -56,7 +57,7 @@ def fastrcnn_losses(labels, logits, box_target, box_pred_fg):
 
 def maskrcnn_loss(mask_logits, fg_labels, mask_targets):
     """``mask_logits [F, C, S, S]``; the channel of each ROI's class is trained against ``mask_targets [F, S, S]``."""
-    with tf.name_scope("maskrcnn_loss"):
+    with tf.name_scope(scopes.MASK_LOSS):
         idx = tf.stack([tf.range(tf.size(fg_labels)), fg_labels - 1], axis=1)
         logits = tf.gather_nd(mask_logits, idx)  # [F, S, S]
         num = tf.size(fg_labels)

@@ -15,6 +15,7 @@ PROPOSALS = "rpn_proposals"      # clip, size filter, NMS and top-k of the RPN's
 ROI_SAMPLING = "sample_rois"     # IoU matching of proposals to ground truth
 ROI_BOXES = "roi_boxes"          # FPN level assignment and crop_and_resize sampling boxes
 MASK_TARGETS = "mask_targets"    # ground-truth mask crops per foreground ROI
-LOSSES = ("rpn_losses", "fastrcnn_losses", "maskrcnn_loss")  # as in training/model/losses.py
+RPN_LOSSES, FASTRCNN_LOSSES, MASK_LOSS = "rpn_losses", "fastrcnn_losses", "maskrcnn_loss"  # metric name prefixes too
+LOSSES = (RPN_LOSSES, FASTRCNN_LOSSES, MASK_LOSS)
 
 FLOAT32 = (ANCHORS, BOX_ENCODE, BOX_DECODE, PROPOSALS, ROI_SAMPLING, ROI_BOXES, MASK_TARGETS) + LOSSES
