@@ -10,6 +10,10 @@ Why these flags (see REFERENCE.md, known problems 1, 2 and 8):
   picking it (or lo) is the classic cause of a job that hangs at the first allreduce.
 - ``orte_abort_on_non_zero_status``: one failed rank ends the whole job (so the run can resume)
   instead of leaving the others blocked in a collective.
+- ``mpi_yield_when_idle``: a rank waiting in MPI (Horovod's background thread negotiates through MPI
+  collectives every cycle) yields its core instead of busy-polling it. Busy ranks take a core each
+  from the input workers and from ranks still building their first step; measured on 3 CPU ranks
+  sharing 2 cores, the first two steps took 17 s with polling and 7 s with yielding (docs/training.md).
 - Horovod's stall shutdown: a rank stalled for this long aborts the job rather than hanging it.
 - ``-x FI_PROVIDER=efa`` on EFA instances routes NCCL through the EFA libfabric provider;
   ``FI_EFA_USE_DEVICE_RDMA=1`` only when every node's type has RDMA read (libfabric aborts on an
@@ -39,6 +43,9 @@ HOROVOD_ENV = {
 # SageMaker's MPI runner keeps its own, sagemaker_training.SM_EFA_RDMA_INSTANCES, which agrees).
 # EFA without RDMA read: p3dn, g4dn, g5, g6, g6e, ... There, FI_EFA_USE_DEVICE_RDMA=1 makes libfabric abort.
 EFA_RDMA_READ_FAMILIES = frozenset({"p4d", "p4de", "p5", "p5e", "p5en", "p6-b200", "p6-b300", "p6e-gb200"})
+
+# Open MPI parameters for every MPI job (EC2 cluster: -mca flags; SageMaker: OMPI_MCA_ variables).
+MPI_MCA = {"mpi_yield_when_idle": "1"}
 
 # Variables every rank needs from the launching shell.
 PASSED_THROUGH = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "TF_USE_LEGACY_KERAS", "TF_CPP_MIN_LOG_LEVEL")
@@ -85,6 +92,11 @@ def horovod_env(*, efa: bool, instance_types: Collection[str] = (),
             **HOROVOD_ENV}
 
 
+def mca_env() -> dict[str, str]:
+    """:data:`MPI_MCA` as environment variables: mpirun reads them and passes them on to every rank."""
+    return {f"OMPI_MCA_{key}": value for key, value in MPI_MCA.items()}
+
+
 def hostfile_text(nodes: list[Node]) -> str:
     """OpenMPI hostfile: ``<address> slots=<n>`` per node, master first (it gets rank 0)."""
     return "".join(f"{n.address} slots={n.slots}\n" for n in nodes)
@@ -124,6 +136,7 @@ def mpirun_command(nodes: list[Node], *, hostfile: str, train: list[str], efa: b
         "-mca", "oob_tcp_if_exclude", excluded,
         "-mca", "plm_rsh_args", ssh_args(port=ssh_port, key=ssh_key),
         "-mca", "orte_abort_on_non_zero_status", "1",
+        *[arg for key, value in MPI_MCA.items() for arg in ("-mca", key, value)],
         "--tag-output",
     ]
     for key, value in horovod_env(efa=efa, instance_types=instance_types).items():

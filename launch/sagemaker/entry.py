@@ -42,7 +42,7 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
-from launch.cluster.launch_command import horovod_env
+from launch.cluster.launch_command import horovod_env, mca_env
 
 RUN_NAME_ENV = "MASKRCNN_RUN_NAME"      # set by the launcher's --run-name
 RANK_SCRIPT = "maskrcnn_rank.py"
@@ -58,7 +58,7 @@ runpy.run_module("training.train", run_name="__main__", alter_sys=True)
 # (10 s idle, then 3 probes 5 s apart), so a host that vanishes without a TCP reset (a dead instance)
 # ends the job in about 25 s; Open MPI's default takes 8 minutes (300 s + 9 x 20 s).
 MPIRUN_ENV = {"OMPI_MCA_oob_tcp_keepalive_time": "10", "OMPI_MCA_oob_tcp_keepalive_intvl": "5",
-              "OMPI_MCA_oob_tcp_keepalive_probes": "3"}
+              "OMPI_MCA_oob_tcp_keepalive_probes": "3", **mca_env()}
 PROCESSES_PER_HOST_PARAM = "sagemaker_mpi_num_of_processes_per_host"
 SSH_DIR = Path("/root/.ssh")
 SSH_PORT = 22                           # the toolkit's sshd
@@ -145,7 +145,7 @@ def _run_streaming(cmd: list[str]) -> tuple[int, list[str]]:
 
 
 def run_single_host(job: Job) -> None:
-    os.environ.update(horovod_env(efa=False))
+    os.environ.update({**horovod_env(efa=False), **mca_env()})  # mca_env: when horovodrun uses mpirun
     train = [sys.executable, "-m", "training.train", *train_args(job)]
     if job.processes_per_host > 1:
         n = job.processes_per_host

@@ -34,12 +34,12 @@ VPC_CIDR = "10.0.0.0/16"
 SUBNET_CIDR = "10.0.2.0/24"
 MOTO_PORT = 5000
 GROUPS = {"master": ("emulated-master-asg", 1), "worker": ("emulated-worker-asg", 2)}
-# One CPU rank per node, 2 images each: global batch 6; 12 images an epoch = 2 steps; 3 epochs. The
+# One CPU rank per node, 2 images each: global batch 6; 24 images an epoch = 4 steps; 3 epochs. The
 # claim needs a checkpoint before the kill (epoch 1's) and steps after the resume, not many steps;
-# the last 2 epochs (4 steps, ~10 s here) are the window in which the worker dies.
-EPOCHS, STEPS_PER_EPOCH = 3, 2
+# the last 2 epochs (8 steps, ~5 s here, then the evaluation) are the window in which the worker dies.
+EPOCHS, STEPS_PER_EPOCH = 3, 4
 MAX_STEPS = EPOCHS * STEPS_PER_EPOCH
-TRAINING = [*cpu_synthetic.OVERRIDES, "TRAIN.IMAGES_PER_EPOCH=12",
+TRAINING = [*cpu_synthetic.OVERRIDES, f"TRAIN.IMAGES_PER_EPOCH={3 * 2 * STEPS_PER_EPOCH}",
             f"TRAIN.LR_EPOCH_SCHEDULE=[({EPOCHS - 1}, 0.5), ({EPOCHS}, None)]",
             "TRAIN.LOG_PERIOD=1", "TRAIN.WARMUP=2", "PREPROC.TRAIN_SHORT_EDGE_SIZE=[96, 96]",
             "PREPROC.TEST_SHORT_EDGE_SIZE=96", "PREPROC.MAX_SIZE=96", "RPN.TRAIN_PER_LEVEL_NMS_TOPK=100",
@@ -218,10 +218,11 @@ def test_cluster_checks_trains_and_resumes_after_a_worker_dies(cluster, tmp_path
                      rf"{STEPS_PER_EPOCH}", 300)
         # The first epoch's checkpoint is written: kill the worker while the later epochs train.
         deadline = time.time() + 300
-        while not (logdir / f"model-{STEPS_PER_EPOCH}.index").exists():
+        state = logdir / "checkpoint"   # written after the model files: the save is complete
+        while not (state.exists() and f"model-{STEPS_PER_EPOCH}" in state.read_text()):
             assert run.poll() is None and time.time() < deadline, out.text()[-5000:]
             time.sleep(0.1)
-        assert f"model-{MAX_STEPS}" not in (logdir / "checkpoint").read_text()
+        assert f"model-{MAX_STEPS}" not in state.read_text()
         worker.stop()
         out.wait_for(r"training failed \(exit \d+\); re-checking nodes", 120)
         out.wait_for(rf"the run trained on 3 ranks, 2 are healthy now: waiting for the cluster to be whole", 120)

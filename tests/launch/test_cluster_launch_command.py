@@ -19,7 +19,7 @@ def test_exact_command_for_two_p4d_nodes():
         "-mca", "plm_rsh_args",
         "-p 2222 -i /etc/maskrcnn/ssh/id_ed25519 -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null "
         "-o LogLevel=ERROR -o BatchMode=yes",
-        "-mca", "orte_abort_on_non_zero_status", "1", "--tag-output",
+        "-mca", "orte_abort_on_non_zero_status", "1", "-mca", "mpi_yield_when_idle", "1", "--tag-output",
         "-x", "NCCL_SOCKET_IFNAME=^docker0,lo", "-x", "NCCL_DEBUG=WARN",
         "-x", "HOROVOD_CYCLE_TIME=0.5", "-x", "HOROVOD_FUSION_THRESHOLD=67108864",
         "-x", "HOROVOD_STALL_CHECK_TIME_SECONDS=60", "-x", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS=1800",
