@@ -35,16 +35,12 @@ def main(argv=None):
     from training.compat import tf, tf1, use_graph_mode
     use_graph_mode()
     cfg, split = _common.load_config(args)
-    from tensorpack.tfutils.tower import TowerContext
     from training.data.pipeline import TrainingBatches
-    from training.model.generalized_rcnn import MaskRCNN
+    from training.model.tower import build_towers
 
     batches = list(itertools.islice(iter(TrainingBatches(split.training_roidb(), cfg, seed=0)), 20))
-    model = MaskRCNN(cfg)
-    inputs = [tf1.placeholder(s.dtype, s.shape, s.name) for s in model.inputs()]
-    with TowerContext("", is_training=True):
-        cost = model.build_graph(*inputs)
-    train_op = model.optimizer().minimize(cost, global_step=tf1.train.get_or_create_global_step())
+    towers = build_towers(cfg)
+    train_op = towers.train_op
     conf = tf1.ConfigProto(allow_soft_placement=True)
     conf.gpu_options.allow_growth = True
     if args.threads:
@@ -53,7 +49,7 @@ def main(argv=None):
         conf.graph_options.optimizer_options.global_jit_level = tf1.OptimizerOptions.ON_1
     with tf1.Session(config=conf) as sess:
         sess.run(tf1.global_variables_initializer())
-        feeds = itertools.cycle([dict(zip(inputs, b)) for b in batches])
+        feeds = itertools.cycle([towers.feed(b) for b in batches])
         for _ in range(args.warmup):
             sess.run(train_op, feed_dict=next(feeds))
         start = time.perf_counter()

@@ -53,18 +53,13 @@ def require_gpu_kernels() -> None:
 def training_graph(cfg):
     """(graph, train_op) of one GPU rank's training tower for a finalized ``cfg``."""
     from tensorpack.models.registry import disable_layer_logging
-    from tensorpack.tfutils.tower import TowerContext
     from training.compat import tf, tf1
-    from training.model.generalized_rcnn import MaskRCNN
+    from training.model.tower import build_towers
     disable_layer_logging()  # a report, not the model summary
     graph = tf1.Graph()
     with graph.as_default(), tf.device("/device:GPU:0"):
-        model = MaskRCNN(cfg)
-        inputs = [tf1.placeholder(s.dtype, s.shape, s.name) for s in model.inputs()]
-        with TowerContext("", is_training=True):
-            cost = model.build_graph(*inputs)
-        train_op = model.optimizer().minimize(cost, global_step=tf1.train.get_or_create_global_step())
-    return graph, train_op
+        towers = build_towers(cfg)
+    return graph, towers.train_op
 
 
 def rewrite(graph, train_op):

@@ -44,20 +44,15 @@ def _odd_cell_batch(split, cfg):
 @pytest.fixture(scope="module")
 def narrow_graph(coco_like):
     """The training graph of the narrow model, built once: (graph, session, cfg, inputs, cost, train_op)."""
-    from tensorpack.tfutils.tower import TowerContext
     from training.compat import tf1
-    from training.model.generalized_rcnn import MaskRCNN
+    from training.model.tower import build_towers
     cfg = _cfg(coco_like)
     graph = tf1.Graph()
     with graph.as_default():
-        model = MaskRCNN(cfg)
-        inputs = [tf1.placeholder(s.dtype, s.shape, s.name) for s in model.inputs()]
-        with TowerContext("", is_training=True):
-            cost = model.build_graph(*inputs)
-        train_op = model.optimizer().minimize(cost, global_step=tf1.train.get_or_create_global_step())
+        towers = build_towers(cfg)
         sess = tf1.Session(graph=graph)
         sess.run(tf1.global_variables_initializer())
-    yield graph, sess, cfg, inputs, cost, train_op
+    yield graph, sess, cfg, towers.inputs, towers.cost, towers.train_op
     sess.close()
 
 

@@ -35,11 +35,10 @@ def session():
 @pytest.mark.slow
 def test_full_default_model_trains_a_step_predicts_and_evaluates(session, coco_like, tmp_path, capsys):
     tf, sess = session
-    from tensorpack.tfutils.tower import TowerContext
     from training import evaluation
     from training.callbacks import predict_split
     from training.data.pipeline import TrainingBatches
-    from training.model.generalized_rcnn import INPUT_NAMES_PREDICT, OUTPUT_NAMES, MaskRCNN
+    from training.model.tower import build_towers
     from training.model.weights import backbone_variable_shapes, strict_backbone_init, write_random_npz
 
     basedir, train, val = coco_like
@@ -54,15 +53,8 @@ def test_full_default_model_trains_a_step_predicts_and_evaluates(session, coco_l
     assert cfg.BACKBONE.RESNET_NUM_BLOCKS == [3, 4, 6, 3] and cfg.FPN.ANCHOR_STRIDES == (4, 8, 16, 32, 64)
     assert (cfg.PREPROC.TRAIN_SHORT_EDGE_SIZE, cfg.PREPROC.MAX_SIZE) == ([800, 800], 1333)
 
-    model = MaskRCNN(cfg)
-    inputs = [tf.compat.v1.placeholder(s.dtype, s.shape, s.name) for s in model.inputs()]
-    with TowerContext("", is_training=True):
-        cost = model.build_graph(*inputs)
-    train_op = model.optimizer().minimize(cost, global_step=tf.compat.v1.train.get_or_create_global_step())
-    pred_inputs = [tf.compat.v1.placeholder(s.dtype, s.shape, "pred_" + s.name) for s in model.inputs()]
-    with TowerContext("pred", is_training=False), \
-            tf.compat.v1.variable_scope(tf.compat.v1.get_variable_scope(), reuse=True):
-        model.build_graph(*pred_inputs)
+    towers = build_towers(cfg, predict=True)
+    model, inputs, cost, train_op = towers.model, towers.inputs, towers.cost, towers.train_op
     init = strict_backbone_init(str(weights), norm=cfg.BACKBONE.NORM)
     init._setup_graph()
     sess.run(tf.compat.v1.global_variables_initializer())
@@ -88,9 +80,7 @@ def test_full_default_model_trains_a_step_predicts_and_evaluates(session, coco_l
         np.testing.assert_array_equal(sess.run(stem), f["conv0/W"])
 
     # prediction and COCO evaluation with the same weights
-    graph = tf.compat.v1.get_default_graph()
-    feeds = pred_inputs[:len(INPUT_NAMES_PREDICT)]
-    outputs = [graph.get_tensor_by_name(f"pred/{n}:0") for n in OUTPUT_NAMES]
+    feeds, outputs = towers.pred_inputs, towers.pred_outputs
     results = predict_split(lambda images, hw: sess.run(outputs, {feeds[0]: images, feeds[1]: hw}), val, cfg)
     assert all(len(r["segmentation"]["size"]) == 2 for r in results)
     metrics = evaluation.evaluate(val, results, iou_types=("bbox", "segm"), image_ids=[r["image_id"] for r in val.roidb])

@@ -29,9 +29,8 @@ ONEDNN = os.environ.get("TF_ENABLE_ONEDNN_OPTS") == "1"
 @pytest.mark.parametrize("mode", ["fpn_mask", "c4_mask", "fpn_box_only", "c4_box_only"] + (NCHW_MODES if ONEDNN else []))
 def test_variant_trains_and_predicts(tf_session, tiny_split, mode):
     tf, sess = tf_session
-    from tensorpack.tfutils.tower import TowerContext
     from training.data.pipeline import TrainingBatches, prepare_test_image
-    from training.model.generalized_rcnn import OUTPUT_NAMES, MaskRCNN
+    from training.model.tower import build_towers
 
     cfg = new_config()
     cfg.update_args(OVERRIDES + [
@@ -42,24 +41,16 @@ def test_variant_trains_and_predicts(tf_session, tiny_split, mode):
         "RPN.HEAD_DIM=32", "FRCNN.BATCH_PER_IM=16", "TRAIN.IMAGES_PER_EPOCH=4",
         "TRAIN.LR_EPOCH_SCHEDULE=[(1, None)]"])
     finalize(cfg, num_ranks=1, class_names=tiny_split.class_names, has_gpu=False)
-    model = MaskRCNN(cfg)
-    inputs = [tf.compat.v1.placeholder(s.dtype, s.shape, s.name) for s in model.inputs()]
-    with TowerContext("", is_training=True):
-        cost = model.build_graph(*inputs)
-    train_op = model.optimizer().minimize(cost, global_step=tf.compat.v1.train.get_or_create_global_step())
-    with TowerContext("pred", is_training=False), \
-            tf.compat.v1.variable_scope(tf.compat.v1.get_variable_scope(), reuse=True):
-        model.build_graph(*inputs)
-    outputs = [tf.compat.v1.get_default_graph().get_tensor_by_name(f"pred/{n}:0") for n in OUTPUT_NAMES]
+    towers = build_towers(cfg, predict=True)
     sess.run(tf.compat.v1.global_variables_initializer())
     batches = iter(TrainingBatches(tiny_split.training_roidb(), cfg, seed=0))
-    losses = [sess.run([train_op, cost], dict(zip(inputs, next(batches))))[1] for _ in range(2)]
+    losses = [sess.run([towers.train_op, towers.cost], towers.feed(next(batches)))[1] for _ in range(2)]
     assert all(np.isfinite(losses))
-    assert ("maskrcnn_loss/maskrcnn_loss" in model.stats) == cfg.MODE_MASK
+    assert ("maskrcnn_loss/maskrcnn_loss" in towers.model.stats) == cfg.MODE_MASK
     from training.data.pipeline import read_image
     image = read_image(tiny_split.roidb[0]["file_name"])
     batch, hw, _ = prepare_test_image(image, cfg)
-    boxes, scores, labels, masks = sess.run(outputs, {inputs[0]: batch, inputs[1]: hw})
+    boxes, scores, labels, masks = sess.run(towers.pred_outputs, dict(zip(towers.pred_inputs, (batch, hw))))
     assert boxes.shape[1:] == (4,) and len(boxes) == len(scores) == len(labels) == len(masks)
     assert np.all((labels >= 1) & (labels <= cfg.DATA.NUM_CATEGORY))
     if cfg.MODE_MASK and len(masks):
