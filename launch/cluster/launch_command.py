@@ -13,7 +13,7 @@ Why these flags (see REFERENCE.md, known problems 1, 2 and 8):
 - ``mpi_yield_when_idle``: a rank waiting in MPI (Horovod's background thread negotiates through MPI
   collectives every cycle) yields its core instead of busy-polling it. Busy ranks take a core each
   from the input workers and from ranks still building their first step; measured on 3 CPU ranks
-  sharing 2 cores, the first two steps took 17 s with polling and 7 s with yielding (docs/training.md).
+  sharing 2 cores, the first two steps took 17 s with polling and 7 s with yielding (docs/launch.md).
 - Horovod's stall shutdown: a rank stalled for this long aborts the job rather than hanging it.
 - ``-x FI_PROVIDER=efa`` on EFA instances routes NCCL through the EFA libfabric provider;
   ``FI_EFA_USE_DEVICE_RDMA=1`` only when every node's type has RDMA read (libfabric aborts on an

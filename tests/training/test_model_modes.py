@@ -61,7 +61,8 @@ def test_variant_trains_and_predicts(tf_session, tiny_split, mode):
 @pytest.mark.slow
 @pytest.mark.skipif(ONEDNN, reason="oneDNN is on in this process: the NCHW variants ran above")
 def test_nchw_variants_under_onednn():
-    run = subprocess.run([sys.executable, "-m", "pytest", __file__, "-q", "-p", "no:cacheprovider", "-k", "nchw"],
+    run = subprocess.run([sys.executable, "-m", "pytest", __file__, "-q", "-p", "no:cacheprovider", "-n", "0",
+                          "-k", "nchw"],
                          env={**os.environ, "TF_ENABLE_ONEDNN_OPTS": "1"}, capture_output=True, text=True,
                          cwd=Path(__file__).resolve().parents[2], timeout=900)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
