@@ -58,7 +58,7 @@ runpy.run_module("training.train", run_name="__main__", alter_sys=True)
 # (10 s idle, then 3 probes 5 s apart), so a host that vanishes without a TCP reset (a dead instance)
 # ends the job in about 25 s; Open MPI's default takes 8 minutes (300 s + 9 x 20 s).
 MPIRUN_ENV = {"OMPI_MCA_oob_tcp_keepalive_time": "10", "OMPI_MCA_oob_tcp_keepalive_intvl": "5",
-              "OMPI_MCA_oob_tcp_keepalive_probes": "3", **mca_env()}
+              "OMPI_MCA_oob_tcp_keepalive_probes": "3"}
 PROCESSES_PER_HOST_PARAM = "sagemaker_mpi_num_of_processes_per_host"
 SSH_DIR = Path("/root/.ssh")
 SSH_PORT = 22                           # the toolkit's sshd
@@ -196,8 +196,9 @@ def _install_ssh_key(job: Job, shared: Path) -> None:
 def rank_env(job: Job) -> dict[str, str]:
     """Exported to every rank by name (mpirun -x NAME): Horovod/NCCL settings and what the training
     code needs to import (remote ranks start from sshd's clean environment). NCCL's interface is
-    SageMaker's: the toolkit's mpirun exports it first and these come after it on the command line."""
-    return {**horovod_env(efa=False, socket_interface=job.network_interface),
+    SageMaker's: the toolkit's mpirun exports it first and these come after it on the command line.
+    The Open MPI parameters (mca_env) go as variables too: each rank's MPI reads them at start."""
+    return {**horovod_env(efa=False, socket_interface=job.network_interface), **mca_env(),
             "PYTHONPATH": os.environ.get("PYTHONPATH", ""), "TF_USE_LEGACY_KERAS": "1"}
 
 

@@ -148,7 +148,7 @@ def test_trains_to_a_model_and_resumes(tmp_path, dataset):
     assert "nothing to train" in again.stdout
 
 
-def test_nccl_keeps_sagemakers_network_interface(monkeypatch):
+def test_nccl_keeps_sagemakers_network_interface_and_ranks_get_the_mpi_settings(monkeypatch):
     """Defect 6: the toolkit's mpirun exports NCCL_SOCKET_IFNAME=<SageMaker's interface>; the entry's own
     rank variables come later on that command line and must not replace it (they once said ^docker0,lo)."""
     from sagemaker_training import mpi
@@ -170,6 +170,10 @@ def test_nccl_keeps_sagemakers_network_interface(monkeypatch):
                 for flag, arg in zip(command, command[1:])
                 if flag == "-x" and arg.partition("=")[0] == "NCCL_SOCKET_IFNAME"]
     assert len(exported) >= 1 and set(exported) == {"ens6"}, exported
+    # every rank, on every host, waits in MPI without busy-polling a core (launch_command.MPI_MCA)
+    assert "OMPI_MCA_mpi_yield_when_idle" in [arg.partition("=")[0] for flag, arg in zip(command, command[1:])
+                                              if flag == "-x"], command
+    assert launching_env["OMPI_MCA_mpi_yield_when_idle"] == "1"
 
 
 def _worker_job(logdir: Path):
