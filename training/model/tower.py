@@ -3,8 +3,9 @@
 The trainer builds its towers through tensorpack (input queue, Horovod allreduce); the GPU report
 (``training.amp_check``), the throughput benchmark and the model tests need the same graph without
 them. This builds it one way for all of them: the training tower exactly as the trainer's (tower
-name "", the model's optimizer, the global step) and, if asked, the predict tower beside it in
-tower "pred" sharing its variables, as the evaluator's predictor does.
+name "", the model's optimizer, the global step) and, if asked, a predict tower beside it: tower
+"pred", not training, reusing the training tower's variables (the trainer's evaluator gets the
+same from tensorpack's ``get_predictor``, in a tower of tensorpack's naming).
 """
 from __future__ import annotations
 
@@ -48,6 +49,7 @@ def build_towers(cfg, *, predict: bool = False) -> Towers:
                 tf1.variable_scope(tf1.get_variable_scope(), reuse=True):
             model.build_graph(*pred_inputs)
         graph = tf1.get_default_graph()
-        towers.pred_inputs = pred_inputs[:len(INPUT_NAMES_PREDICT)]
+        by_name = {s.name: p for s, p in zip(specs, pred_inputs)}
+        towers.pred_inputs = [by_name[n] for n in INPUT_NAMES_PREDICT]
         towers.pred_outputs = [graph.get_tensor_by_name(f"{PREDICT_TOWER}/{n}:0") for n in OUTPUT_NAMES]
     return towers
