@@ -65,3 +65,31 @@ def test_sampling_caps_and_is_deterministic():
     b = A.rpn_targets(anc, gt, np.zeros(2, bool), (128, 128), rng=np.random.default_rng(3), batch_per_im=32)
     np.testing.assert_array_equal(a[0], b[0])
     assert (a[0] >= 0).sum() == 32
+
+
+def test_sampled_rpn_losses_equal_the_losses_over_every_anchor(tf_session):
+    """The pipeline sends each image's sampled anchors as rows (index, label, target); the loss over
+    them must be the loss over a dense label per anchor, each image's rows picking its own anchors."""
+    tf, sess = tf_session
+    from training.model.losses import rpn_losses, sampled_rpn_losses
+    rng = np.random.default_rng(0)
+    batch, anchors, rows = 2, 50, 8
+    logits = rng.normal(size=(batch, anchors)).astype(np.float32)
+    deltas = rng.normal(size=(batch, anchors, 4)).astype(np.float32)
+    index = np.zeros((batch, rows), np.int32)
+    labels = np.full((batch, rows), -1, np.int32)
+    targets = np.zeros((batch, rows, 4), np.float32)
+    dense_labels = np.full((batch, anchors), -1, np.int32)
+    dense_targets = np.zeros((batch, anchors, 4), np.float32)
+    for i, used in enumerate((8, 5)):  # image 1 has 3 padding rows
+        index[i, :used] = rng.choice(anchors, used, replace=False)
+        labels[i, :used] = [1, 1, 0, 1, 0, 0, 0, 0][:used]
+        targets[i, :used] = rng.normal(size=(used, 4)) * (labels[i, :used, None] == 1)
+        dense_labels[i, index[i, :used]] = labels[i, :used]
+        dense_targets[i, index[i, :used]] = targets[i, :used]
+    sparse = sess.run(sampled_rpn_losses(tf.constant(index), tf.constant(labels), tf.constant(targets),
+                                         tf.constant(logits), tf.constant(deltas)))
+    dense = sess.run(rpn_losses(tf.constant(dense_labels.reshape(-1)), tf.constant(dense_targets.reshape(-1, 4)),
+                                tf.constant(logits.reshape(-1)), tf.constant(deltas.reshape(-1, 4))))
+    np.testing.assert_allclose(sparse, dense, rtol=1e-6)
+    assert dense[0] > 0 and dense[1] > 0

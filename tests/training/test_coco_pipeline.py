@@ -89,13 +89,17 @@ def test_coco_scale_batches(coco_split):
     from training.data import packed_masks
     from training.data.pipeline import TrainingBatches, read_image
     from training.model.anchors import all_anchors
+    from training.model.box_ops import np_decode, np_iou
     cfg = _cfg(coco_split)
     seen_portrait = seen_landscape = seen_gray = 0
     for batch in itertools.islice(iter(TrainingBatches(coco_split.training_roidb(), cfg, seed=1)), 3):
-        images, image_hw, gt_boxes, gt_labels, num_gt, gt_masks, anchor_labels, anchor_targets = batch
+        (images, image_hw, gt_boxes, gt_labels, num_gt, gt_masks, num_anchors, anchor_index, anchor_labels,
+         anchor_targets) = batch
         b, hp, wp, _ = images.shape
         assert b == 4 and images.dtype == np.uint8 and hp % 32 == 0 and wp % 32 == 0
-        assert anchor_labels.shape == (4, sum(len(a) for a in all_anchors(cfg, hp, wp)))
+        anchors = np.concatenate(all_anchors(cfg, hp, wp))
+        assert np.all(num_anchors == len(anchors))
+        assert anchor_labels.shape == (4, cfg.RPN.BATCH_PER_IM) and anchor_targets.shape == (4, cfg.RPN.BATCH_PER_IM, 4)
         assert gt_masks.shape == (4, gt_boxes.shape[1], hp, wp // 8)
         masks = packed_masks.unpack(gt_masks)
         for i in range(b):
@@ -116,9 +120,16 @@ def test_coco_scale_batches(coco_split):
                 tight = np.array([xs.min(), ys.min(), xs.max() + 1, ys.max() + 1], np.float32)
                 side = np.array([box[2] - box[0], box[3] - box[1]] * 2)
                 assert np.all(np.abs(tight - box) <= 2.5 + 0.04 * side), (tight, box)
-            labels = anchor_labels[i]
+            labels, index = anchor_labels[i], anchor_index[i]
             assert 1 <= (labels == 1).sum() <= 128 and (labels >= 0).sum() <= 256
             assert not anchor_targets[i][labels != 1].any()
+            # each foreground row's target, decoded from the anchor its index names, is one of the image's boxes
+            fg = labels == 1
+            decoded = np_decode(anchor_targets[i][fg], anchors[index[fg]])
+            nearest = np.abs(decoded[:, None] - gt_boxes[i, :n][None]).max(axis=2).min(axis=1)
+            assert np.all(nearest < 0.05), nearest.max()
+            # and a background row's anchor overlaps no box much (IoU < 0.3, the negative threshold)
+            assert np.all(np_iou(anchors[index[labels == 0]], gt_boxes[i, :n]).max(axis=1, initial=0) < 0.3)
     assert seen_portrait and seen_landscape and seen_gray
     # BGR, as decoded: a flip-free, resize-free check on the first record's pixels
     record = coco_split.training_roidb()[0]
@@ -133,4 +144,6 @@ def test_host_memory_per_batch_is_bounded(coco_split):
     images, gt_masks = batch[0], batch[5]
     assert images.nbytes == images.size and gt_masks.nbytes * 8 == gt_masks.size * 8
     unpacked_float_form = images.size * 4 + gt_masks.size * 8
-    assert sum(x.nbytes for x in batch) < 0.45 * (unpacked_float_form + sum(x.nbytes for x in batch[6:]))
+    assert sum(x.nbytes for x in batch) < 0.45 * unpacked_float_form
+    # the RPN's sampled anchor rows, not a label and target per anchor (~370k an image here: ~30 MB a batch)
+    assert sum(x.nbytes for x in batch[6:]) <= 4 * (4 + cfg.RPN.BATCH_PER_IM * 24)

@@ -72,8 +72,8 @@ def test_rpn_anchor_labels_line_up_with_the_graph_per_image_and_level(coco_like,
     assert len(level_logits) == 5
     shapes = sess.run([tf_shape for tf_shape in [t for t in level_logits]], dict(zip(inputs, batch)))
     per_image = sum(int(np.prod(s.shape[1:])) for s in shapes)
-    anchor_labels = batch[6]
-    assert anchor_labels.shape == (2, per_image), "pipeline labels per image != RPN logits per image"
+    num_anchors = batch[6]
+    assert np.all(num_anchors == per_image), "pipeline anchors per image != RPN logits per image"
     _, loss = sess.run([train_op, cost], dict(zip(inputs, batch)))
     assert np.isfinite(loss)
 
@@ -83,9 +83,18 @@ def test_misaligned_anchor_labels_stop_the_step(coco_like, narrow_graph):
     graph, sess, cfg, inputs, cost, train_op = narrow_graph
     batch = _odd_cell_batch(coco_like, cfg)
     # what the old pipeline produced: P6 counted with floor (12 x 19 cells instead of 13 x 19)
-    short = 19 * 3
-    batch[6], batch[7] = batch[6][:, :-short], batch[7][:, :-short]
-    with pytest.raises(tf.errors.InvalidArgumentError, match="anchor_labels per image differ from the RPN logits"):
+    batch[6] = batch[6] - 19 * 3
+    with pytest.raises(tf.errors.InvalidArgumentError, match="input pipeline counts a different number of anchors per image than the RPN"):
+        sess.run(cost, dict(zip(inputs, batch)))
+
+
+def test_sampled_anchor_outside_the_image_anchors_stops_the_step(coco_like, narrow_graph):
+    from training.compat import tf
+    graph, sess, cfg, inputs, cost, train_op = narrow_graph
+    batch = _odd_cell_batch(coco_like, cfg)
+    batch[7] = batch[7].copy()
+    batch[7][1, 0] = batch[6][1]   # one past the last anchor of image 1
+    with pytest.raises(tf.errors.InvalidArgumentError, match="sampled RPN anchor index lies outside"):
         sess.run(cost, dict(zip(inputs, batch)))
 
 
@@ -137,14 +146,14 @@ def test_c4_inference_graph_builds_on_its_own(tf_session, coco_like):
     proposals, mask head on detections) and must share its variables without an outer reuse."""
     tf, sess = tf_session
     from tensorpack.tfutils.tower import TowerContext
-    from training.model.generalized_rcnn import OUTPUT_NAMES, MaskRCNN
+    from training.model.generalized_rcnn import INPUT_NAMES_TRAIN, OUTPUT_NAMES, MaskRCNN
     cfg = _cfg(coco_like, "MODE_FPN=False", "RPN.ANCHOR_SIZES=(32, 64)", "RPN.HEAD_DIM=16",
                "PREPROC.TRAIN_SHORT_EDGE_SIZE=[128, 128]", "PREPROC.TEST_SHORT_EDGE_SIZE=128", "PREPROC.MAX_SIZE=200")
     model = MaskRCNN(cfg)
     images = tf.compat.v1.placeholder(tf.float32, [None, None, None, 3], "images")
     image_hw = tf.compat.v1.placeholder(tf.int32, [None, 2], "image_hw")
     with TowerContext("", is_training=False):
-        model.build_graph(images, image_hw, *[None] * 6)
+        model.build_graph(images, image_hw, *[None] * (len(INPUT_NAMES_TRAIN) - 2))
     names = [v.op.name for v in tf.compat.v1.global_variables()]
     assert len(names) == len(set(names)) and "group3/block0/conv1/W" in names
     sess.run(tf.compat.v1.global_variables_initializer())
@@ -184,7 +193,7 @@ def test_xla_training_batches_come_in_a_few_fixed_shapes(coco_like):
     batches = iter(TrainingBatches(coco_like.training_roidb(), cfg, seed=1))
     shapes = set()
     for _ in range(6):
-        images, _, _, _, _, _, anchor_labels, _ = next(batches)
+        images, _, _, _, _, _, num_anchors, *_ = next(batches)
         shapes.add(images.shape[1:3])
-        assert anchor_labels.shape[1] == sum(len(a) for a in all_anchors(cfg, *images.shape[1:3]))
+        assert np.all(num_anchors == sum(len(a) for a in all_anchors(cfg, *images.shape[1:3])))
     assert shapes <= {(800, 1344), (1344, 800), (1344, 1344), (800, 800)}, shapes

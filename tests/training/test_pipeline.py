@@ -30,12 +30,13 @@ def test_batches_are_padded_and_consistent(split):
     from training.model.anchors import all_anchors
     cfg = _cfg(split, "TRAIN.BATCH_SIZE_PER_GPU=3")
     for batch in itertools.islice(iter(TrainingBatches(split.training_roidb(), cfg, seed=0)), 4):
-        images, image_hw, gt_boxes, gt_labels, num_gt, gt_masks, anchor_labels, anchor_targets = batch
+        images, image_hw, gt_boxes, gt_labels, num_gt, gt_masks, num_anchors, anchor_index, anchor_labels, _ = batch
         b, hp, wp, _ = images.shape
         assert b == 3 and hp % 32 == 0 and wp % 32 == 0
         assert np.all(image_hw[:, 0] <= hp) and np.all(image_hw[:, 1] <= wp)
         assert np.all((image_hw >= 72) & (image_hw <= 100))
-        assert anchor_labels.shape == (3, sum(len(a) for a in all_anchors(cfg, hp, wp)))
+        assert np.all(num_anchors == sum(len(a) for a in all_anchors(cfg, hp, wp)))
+        assert anchor_labels.shape == anchor_index.shape == (3, cfg.RPN.BATCH_PER_IM)
         assert images.dtype == np.uint8 and gt_masks.dtype == np.uint8
         assert gt_masks.shape == (3, gt_boxes.shape[1], hp, wp // 8)  # 8 pixels a byte
         gt_masks = packed_masks.unpack(gt_masks)
@@ -50,7 +51,9 @@ def test_batches_are_padded_and_consistent(split):
                 # the box is the tight box of the (resized, maybe flipped) mask, within a pixel
                 np.testing.assert_allclose([xs.min(), ys.min(), xs.max() + 1, ys.max() + 1], box, atol=1.5)
             assert (anchor_labels[i] == 1).any()
-            assert (anchor_labels[i] >= 0).sum() <= cfg.RPN.BATCH_PER_IM
+            used = anchor_labels[i] >= 0
+            assert len(set(anchor_index[i][used])) == used.sum()  # each anchor sampled once
+            assert np.all(anchor_index[i][used] < num_anchors[i])
 
 
 def test_same_seed_same_batches(split):

@@ -2,10 +2,10 @@
 
 The parent process plans a batch (sizes, padded shape, ground-truth counts), allocates one
 zero-filled buffer for all of it and hands each image's slot to a worker; the worker maps the same
-buffer and writes its image, ground truth, packed masks and RPN targets in place
+buffer and writes its image, ground truth, packed masks and sampled RPN anchors in place
 (:func:`fill_slot`). The parent never copies an image: the arrays it yields are views of the
 buffer. Buffers are reused, so a slot is written whole: its padding, unused ground-truth rows
-and the box targets of unsampled anchors are cleared, not assumed zero.
+and unused RPN sample rows are cleared, not assumed zero.
 """
 from __future__ import annotations
 
@@ -29,11 +29,12 @@ class BatchLayout:
     height: int         # padded
     width: int
     max_gt: int         # ground-truth rows per image (at least 1)
-    num_anchors: int
+    num_anchors: int    # RPN anchors per image, all levels
+    rpn_samples: int    # sampled RPN anchor rows per image (RPN.BATCH_PER_IM)
     mask: bool
 
     def specs(self) -> list[tuple[tuple, np.dtype]]:
-        b, hp, wp, g, n = self.batch, self.height, self.width, self.max_gt, self.num_anchors
+        b, hp, wp, g, k = self.batch, self.height, self.width, self.max_gt, self.rpn_samples
         return [
             ((b, hp, wp, 3), np.uint8),                                                   # images, BGR
             ((b, 2), np.int32),                                                           # image_hw
@@ -41,8 +42,10 @@ class BatchLayout:
             ((b, g), np.int32),                                                           # gt_labels
             ((b,), np.int32),                                                             # num_gt
             ((b, g, hp, wp // packed_masks.BITS) if self.mask else (b, g, 1, 1), np.uint8),  # gt_masks, packed
-            ((b, n), np.int32),                                                           # anchor_labels
-            ((b, n, 4), np.float32),                                                      # anchor_targets
+            ((b,), np.int32),                                                             # num_anchors
+            ((b, k), np.int32),                                                           # anchor_index
+            ((b, k), np.int32),                                                           # anchor_labels
+            ((b, k, 4), np.float32),                                                      # anchor_targets
         ]
 
     def _offsets(self) -> tuple[list[int], int]:
@@ -80,12 +83,12 @@ def place_example(arrays: list[np.ndarray], i: int, example: dict, rng: np.rando
                   anchors: AnchorSet, cfg) -> None:
     """Write a prepared example into slot ``i`` of the batch ``arrays`` (whatever it held before),
     with its sampled RPN targets (``image_hw`` and ``num_gt`` are the planner's)."""
-    images, _, gt_boxes, gt_labels, _, gt_masks, anchor_labels, anchor_targets = arrays
+    images, _, gt_boxes, gt_labels, _, gt_masks, _, anchor_index, anchor_labels, anchor_targets = arrays
     h, w = example["image"].shape[:2]
     images[i, :h, :w] = example["image"]
     images[i, h:] = 0
     images[i, :h, w:] = 0
-    for cleared in (gt_boxes, gt_labels, gt_masks, anchor_targets):
+    for cleared in (gt_boxes, gt_labels, gt_masks, anchor_index, anchor_targets):
         cleared[i] = 0
     keep = ~example["is_crowd"]
     n = int(keep.sum())
@@ -93,10 +96,10 @@ def place_example(arrays: list[np.ndarray], i: int, example: dict, rng: np.rando
     gt_labels[i, :n] = example["class"][keep]
     for j, (y0, xb0, packed) in enumerate(example["masks"]):
         gt_masks[i, j, y0:y0 + packed.shape[0], xb0:xb0 + packed.shape[1]] = packed
-    anchor_labels[i] = -1
+    anchor_labels[i] = -1  # padding rows: no anchor
     r = cfg.RPN
     sample_rpn_targets(anchors, example["boxes"], example["is_crowd"], (h, w), rng=rng,
-                       labels_out=anchor_labels[i], targets_out=anchor_targets[i],
+                       index_out=anchor_index[i], labels_out=anchor_labels[i], targets_out=anchor_targets[i],
                        positive_thresh=r.POSITIVE_ANCHOR_THRESH, negative_thresh=r.NEGATIVE_ANCHOR_THRESH,
                        batch_per_im=r.BATCH_PER_IM, fg_ratio=r.FG_RATIO, crowd_overlap_thresh=r.CROWD_OVERLAP_THRESH)
 

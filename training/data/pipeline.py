@@ -36,12 +36,14 @@ log = logging.getLogger(__name__)
 def _plan_layout(sizes: list[tuple[int, int]], num_gt: list[int], cfg) -> BatchLayout:
     hp, wp = batch_padded_size(sizes, cfg)
     return BatchLayout(batch=len(sizes), height=hp, width=wp, max_gt=max(1, max(num_gt)),
-                       num_anchors=anchor_count(cfg, hp, wp), mask=bool(cfg.MODE_MASK))
+                       num_anchors=anchor_count(cfg, hp, wp), rpn_samples=cfg.RPN.BATCH_PER_IM,
+                       mask=bool(cfg.MODE_MASK))
 
 
-def _write_header(arrays: list[np.ndarray], sizes, num_gt) -> None:
+def _write_header(arrays: list[np.ndarray], layout: BatchLayout, sizes, num_gt) -> None:
     arrays[1][:] = np.asarray(sizes, np.int32).reshape(-1, 2)   # image_hw
     arrays[4][:] = np.asarray(num_gt, np.int32)                  # num_gt
+    arrays[6][:] = layout.num_anchors                            # num_anchors: the graph checks its own count against it
 
 
 def collate_training_batch(examples: list[dict], cfg, rng: np.random.Generator) -> list[np.ndarray]:
@@ -50,7 +52,7 @@ def collate_training_batch(examples: list[dict], cfg, rng: np.random.Generator) 
     num_gt = [int((~e["is_crowd"]).sum()) for e in examples]
     layout = _plan_layout(sizes, num_gt, cfg)
     arrays = layout.views(np.zeros(layout.nbytes, np.uint8))
-    _write_header(arrays, sizes, num_gt)
+    _write_header(arrays, layout, sizes, num_gt)
     anchors = AnchorCache(cfg, size=1).get(layout.height, layout.width)
     for i, e in enumerate(examples):
         place_example(arrays, i, e, rng, anchors, cfg)
@@ -123,7 +125,7 @@ class _Batch:
 
     def __init__(self, layout: BatchLayout, sizes, num_gt, buffer):
         self.arrays = layout.views(buffer)
-        _write_header(self.arrays, sizes, num_gt)
+        _write_header(self.arrays, layout, sizes, num_gt)
         self.tasks_left: set = set()
 
 

@@ -8,7 +8,7 @@ matrix: at 800x1333 with P2-P6 there are ~270k anchors, and that matrix made the
 targets the pipeline's bottleneck. An anchor can only overlap a box when its centre is within
 half an anchor size of the box, and each level's anchors are stored row by row (``[H, W, A]``),
 so each box is compared only with the block of rows and columns (per level) that can reach it.
-Only the sampled anchors are labelled and encoded.
+Only the sampled anchors are labelled and encoded, and only they leave the worker.
 """
 from __future__ import annotations
 
@@ -135,11 +135,20 @@ def classify_anchors(anchors: AnchorSet, gt_boxes: np.ndarray, is_crowd: np.ndar
 
 
 def sample_rpn_targets(anchors: AnchorSet, gt_boxes: np.ndarray, is_crowd: np.ndarray, image_hw, *,
-                       rng: np.random.Generator, labels_out: np.ndarray, targets_out: np.ndarray,
-                       positive_thresh: float = 0.7, negative_thresh: float = 0.3, batch_per_im: int = 256,
-                       fg_ratio: float = 0.5, crowd_overlap_thresh: float = 9.99) -> None:
-    """Label one image's sampled anchors into ``labels_out`` [N] (pre-filled with -1: ignored) and
-    their box targets into ``targets_out`` [N, 4] (pre-filled with 0); 1 foreground, 0 background."""
+                       rng: np.random.Generator, index_out: np.ndarray, labels_out: np.ndarray,
+                       targets_out: np.ndarray, positive_thresh: float = 0.7, negative_thresh: float = 0.3,
+                       batch_per_im: int = 256, fg_ratio: float = 0.5, crowd_overlap_thresh: float = 9.99) -> int:
+    """Write one image's sampled anchors, foreground first, and return how many there are.
+
+    ``index_out [K]``: each sampled anchor's position in the concatenation over levels;
+    ``labels_out [K]``: 1 foreground, 0 background; ``targets_out [K, 4]``: the encoded box of a
+    foreground anchor. ``K >= batch_per_im``; the rows after the sampled ones are left untouched
+    (the caller fills them as padding: label -1). Only these rows cross to the graph, not a
+    label per anchor: ~270k anchors an image at 800x1333 would be ~5 MB of labels and targets,
+    for at most ``batch_per_im`` that count.
+    """
+    if len(index_out) < batch_per_im:
+        raise ValueError(f"room for {len(index_out)} sampled anchors, RPN.BATCH_PER_IM is {batch_per_im}")
     foreground, background, best_gt = classify_anchors(
         anchors, gt_boxes, is_crowd, image_hw, positive_thresh=positive_thresh,
         negative_thresh=negative_thresh, crowd_overlap_thresh=crowd_overlap_thresh)
@@ -150,9 +159,13 @@ def sample_rpn_targets(anchors: AnchorSet, gt_boxes: np.ndarray, is_crowd: np.nd
     bg = np.flatnonzero(background)
     max_bg = batch_per_im - len(fg)
     if len(bg) > max_bg:
-        bg = rng.choice(bg, max_bg, replace=False)
-    labels_out[bg] = 0
-    labels_out[fg] = 1
-    if len(fg):
+        bg = np.sort(rng.choice(bg, max_bg, replace=False))
+    nf, n = len(fg), len(fg) + len(bg)
+    index_out[:nf] = fg
+    index_out[nf:n] = bg
+    labels_out[:nf] = 1
+    labels_out[nf:n] = 0
+    if nf:
         boxes = np.asarray(gt_boxes, np.float32).reshape(-1, 4)[~np.asarray(is_crowd, bool).reshape(-1)]
-        targets_out[fg] = np_encode(boxes[best_gt[fg]], anchors.boxes[fg])
+        targets_out[:nf] = np_encode(boxes[best_gt[fg]], anchors.boxes[fg])
+    return n

@@ -1,9 +1,9 @@
 """In-graph checks that stop a training step loudly instead of training on misaligned targets.
 
-The RPN's anchor labels come from the input pipeline as one flat ``[B, N]`` array per batch; the
-graph predicts ``sum_l H_l * W_l * A`` logits per image. If the two disagree (a level whose cells
-the pipeline counts differently from the graph), flattening both would silently pair every image
-after the first with another image's labels. These checks compare the counts per level and per
+The RPN's sampled anchors come from the input pipeline as indices into each image's anchors,
+concatenated over levels; the graph predicts ``sum_l H_l * W_l * A`` logits per image. If the two
+disagree (a level whose cells the pipeline counts differently from the graph), every index past
+that level would silently pick another anchor's logit. These checks compare the counts per level and per
 image at run time (a few scalar comparisons per step) and raise ``InvalidArgumentError`` with a
 message naming the level, the counts and the fix; likewise for the sampled ROIs and the mask
 targets. Each function returns its checked tensors, to be used in their place.
@@ -30,14 +30,17 @@ def _tf_feature_size(padded, stride: int):
     return -tf.math.floordiv(-padded, stride)
 
 
-def checked_anchor_targets(anchor_labels, anchor_targets, level_logits, padded_hw, *, specs, num_anchors: int,
-                           fpn: bool):
-    """Check the pipeline's ``anchor_labels [B, N]`` / ``anchor_targets [B, N, 4]`` against the RPN.
+def checked_anchor_targets(num_anchors, anchor_index, anchor_labels, anchor_targets, level_logits, padded_hw, *,
+                           specs, anchors_per_cell: int, fpn: bool):
+    """Check the pipeline's sampled RPN anchors against the RPN's logits.
 
+    ``num_anchors [B]``: the anchors per image the pipeline indexed; ``anchor_index`` /
+    ``anchor_labels [B, K]``, ``anchor_targets [B, K, 4]``: the sampled rows (label -1: padding).
     ``level_logits[l]``: ``[B, N_l]`` logits of level ``l``; ``padded_hw``: the padded input side
     lengths; ``specs``: ``[(stride, sizes), ...]`` per level (anchors.level_anchor_specs).
-    Per level, ``N_l`` must be the count the pipeline used (``feature_size`` of the padded input
-    x anchors per cell); per image, ``N`` must be ``sum_l N_l``; the batch sizes must agree.
+    Per level, ``N_l`` must be the count the pipeline's formula gives (``feature_size`` of the
+    padded input x anchors per cell); per image, the pipeline's ``num_anchors`` must be
+    ``sum_l N_l`` and every sampled index must lie below it; the shapes must agree.
     """
     checks = []
     with tf.name_scope("check_anchor_targets"):
@@ -45,26 +48,35 @@ def checked_anchor_targets(anchor_labels, anchor_targets, level_logits, padded_h
         counts = []
         for logits, (stride, _) in zip(level_logits, specs):
             graph_count = tf.shape(logits)[1]
-            pipeline_count = _tf_feature_size(hp, stride) * _tf_feature_size(wp, stride) * num_anchors
+            pipeline_count = _tf_feature_size(hp, stride) * _tf_feature_size(wp, stride) * anchors_per_cell
             checks.append(tf1.debugging.assert_equal(
                 graph_count, pipeline_count, message=(
                     f"RPN level {level_name(stride, fpn)}: the graph predicts a different number of anchors per "
                     f"image than the input pipeline labels (anchors.feature_size counts ceil(padded side / "
-                    f"stride) cells x {num_anchors} anchors); graph, pipeline:")))
+                    f"stride) cells x {anchors_per_cell} anchors); graph, pipeline:")))
             counts.append(graph_count)
         total = tf.add_n(counts)
         labels_shape = tf.shape(anchor_labels)
         checks.append(tf1.debugging.assert_equal(
-            labels_shape[1], total, message=(
-                "anchor_labels per image differ from the RPN logits per image (summed over levels): the input "
-                "pipeline's anchors do not match the model's feature maps; labels, logits:")))
+            num_anchors, tf.fill(tf.shape(num_anchors), total), message=(
+                "num_anchors: the input pipeline counts a different number of anchors per image than the RPN "
+                "has logits (summed over levels): its anchors do not match the feature maps of the model; "
+                "pipeline per image, logits:"), data=[num_anchors, total]))
         checks.append(tf1.debugging.assert_equal(
             labels_shape[0], tf.shape(level_logits[0])[0],
             message="anchor_labels and the RPN logits differ in batch size; labels, logits:"))
         checks.append(tf1.debugging.assert_equal(
+            tf.shape(anchor_index), labels_shape,
+            message="anchor_index [B, K] does not match anchor_labels [B, K]; index, labels:"))
+        checks.append(tf1.debugging.assert_equal(
             tf.shape(anchor_targets)[:2], labels_shape,
-            message="anchor_targets [B, N, 4] does not match anchor_labels [B, N]; targets, labels:"))
-        return _after(checks, [anchor_labels, anchor_targets])
+            message="anchor_targets [B, K, 4] does not match anchor_labels [B, K]; targets, labels:"))
+        used = anchor_labels >= 0
+        checks.append(tf1.debugging.assert_equal(
+            tf.reduce_all(tf.logical_not(used) | ((anchor_index >= 0) & (anchor_index < total))), True, message=(
+                "a sampled RPN anchor index lies outside the RPN's anchors of its image; anchors per image:"),
+            data=[total]))
+        return _after(checks, [anchor_index, anchor_labels, anchor_targets])
 
 
 def checked_sampled_rois(rois, labels, fg_gt_index, num_fg, *, batch_per_im: int, fg_ratio: float, image: int):

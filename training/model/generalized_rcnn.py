@@ -23,7 +23,7 @@ from training.model.roi_align import multilevel_roi_align, roi_align
 from training.model.rpn import generate_proposals, multilevel_rpn
 
 INPUT_NAMES_TRAIN = ("images", "image_hw", "gt_boxes", "gt_labels", "num_gt", "gt_masks",
-                     "anchor_labels", "anchor_targets")
+                     "num_anchors", "anchor_index", "anchor_labels", "anchor_targets")
 INPUT_NAMES_PREDICT = ("images", "image_hw")
 OUTPUT_NAMES = ("output/boxes", "output/scores", "output/labels", "output/masks")
 FPN_ROI_STRIDES = (4, 8, 16, 32)
@@ -58,8 +58,11 @@ class MaskRCNN(ModelDesc):
             tf.TensorSpec([None, None], tf.int32, "gt_labels"),                 # 1..C, 0 = padding
             tf.TensorSpec([None], tf.int32, "num_gt"),
             tf.TensorSpec([None, None, None, None], tf.uint8, "gt_masks"),      # [B, G, H, W / 8], packed bits
-            tf.TensorSpec([None, None], tf.int32, "anchor_labels"),             # all levels, [H, W, A] order
-            tf.TensorSpec([None, None, 4], tf.float32, "anchor_targets"),
+            # the RPN's sampled anchors only (RPN.BATCH_PER_IM rows an image), not a label per anchor
+            tf.TensorSpec([None], tf.int32, "num_anchors"),                     # the pipeline's anchors per image
+            tf.TensorSpec([None, None], tf.int32, "anchor_index"),              # into all levels, [H, W, A] order
+            tf.TensorSpec([None, None], tf.int32, "anchor_labels"),             # 1 fg, 0 bg, -1 padding row
+            tf.TensorSpec([None, None, 4], tf.float32, "anchor_targets"),       # encoded boxes of fg rows
         ]
 
     # -------------------------------------------------------------------------------- graph
@@ -137,7 +140,8 @@ class MaskRCNN(ModelDesc):
             x = Conv2D("conv", x, self.num_classes, 1, kernel_initializer=tf1.random_normal_initializer(stddev=0.001))
         return tf.transpose(x, [0, 3, 1, 2])
 
-    def build_graph(self, images, image_hw, gt_boxes, gt_labels, num_gt, gt_masks, anchor_labels, anchor_targets):
+    def build_graph(self, images, image_hw, gt_boxes, gt_labels, num_gt, gt_masks, num_anchors, anchor_index,
+                    anchor_labels, anchor_targets):
         cfg = self.cfg
         training = get_current_tower_context().is_training
         rpn_feats, pool = self._features(images)
@@ -150,12 +154,11 @@ class MaskRCNN(ModelDesc):
 
         # ---- RPN losses over all images and levels, once the labels are checked to line up
         specs = level_anchor_specs(cfg)
-        anchor_labels, anchor_targets = consistency.checked_anchor_targets(
-            anchor_labels, anchor_targets, logits_l, tf.shape(images)[1:3], specs=specs,
-            num_anchors=len(specs[0][1]) * len(cfg.RPN.ANCHOR_RATIOS), fpn=cfg.MODE_FPN)
-        rpn_label_loss, rpn_box_loss = losses.rpn_losses(
-            tf.reshape(anchor_labels, [-1]), tf.reshape(anchor_targets, [-1, 4]),
-            tf.reshape(tf.concat(logits_l, axis=1), [-1]), tf.reshape(tf.concat(deltas_l, axis=1), [-1, 4]))
+        anchor_index, anchor_labels, anchor_targets = consistency.checked_anchor_targets(
+            num_anchors, anchor_index, anchor_labels, anchor_targets, logits_l, tf.shape(images)[1:3], specs=specs,
+            anchors_per_cell=len(specs[0][1]) * len(cfg.RPN.ANCHOR_RATIOS), fpn=cfg.MODE_FPN)
+        rpn_label_loss, rpn_box_loss = losses.sampled_rpn_losses(
+            anchor_index, anchor_labels, anchor_targets, tf.concat(logits_l, axis=1), tf.concat(deltas_l, axis=1))
 
         # ---- sample ROIs per image; gather foreground ROIs for the box regression and the mask head
         max_gt = tf.shape(gt_boxes)[1]

@@ -30,6 +30,19 @@ def rpn_losses(anchor_labels, anchor_deltas_target, logits, deltas):
         return _named(label_loss, "label_loss"), _named(box_loss, "box_loss")
 
 
+def sampled_rpn_losses(anchor_index, anchor_labels, anchor_targets, logits, deltas):
+    """The RPN losses over each image's sampled anchors.
+
+    ``anchor_index`` / ``anchor_labels [B, K]`` (1/0, -1 for a padding row) and ``anchor_targets
+    [B, K, 4]`` from the pipeline; ``logits [B, N]`` and ``deltas [B, N, 4]`` over all anchors of
+    each image. Each image's rows pick from that image's anchors only (``batch_dims=1``).
+    """
+    rows = tf.maximum(anchor_index, 0)  # a padding row reads anchor 0; its label -1 keeps it out of both losses
+    return rpn_losses(tf.reshape(anchor_labels, [-1]), tf.reshape(anchor_targets, [-1, 4]),
+                      tf.reshape(tf.gather(logits, rows, batch_dims=1), [-1]),
+                      tf.reshape(tf.gather(deltas, rows, batch_dims=1), [-1, 4]))
+
+
 def fastrcnn_losses(labels, logits, box_target, box_pred_fg):
     """``labels [R]``, ``logits [R, C+1]``, ``box_target``/``box_pred_fg`` ``[F, 4]`` (foreground ROIs)."""
     with tf.name_scope(scopes.FASTRCNN_LOSSES):
