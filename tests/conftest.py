@@ -81,10 +81,3 @@ def emulated_hosts(tmp_path):
     for hosts in reversed(made):
         hosts.close()
 
-
-def pytest_collection_modifyitems(config, items):
-    """Files with slow tests first. Under the suite's 2 workers (pyproject.toml) each file runs whole on
-    one worker, taken in this order: the long files start at once and the quick ones fill the gaps,
-    rather than a long file starting last and running alone at the end."""
-    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
-    items.sort(key=lambda item: item.path not in slow_files)  # stable: each file's own order is kept
