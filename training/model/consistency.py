@@ -3,8 +3,8 @@
 The RPN's sampled anchors come from the input pipeline as indices into each image's anchors,
 concatenated over levels; the graph predicts ``sum_l H_l * W_l * A`` logits per image. If the two
 disagree (a level whose cells the pipeline counts differently from the graph), every index past
-that level would silently pick another anchor's logit. These checks compare the counts per level and per
-image at run time (a few scalar comparisons per step) and raise ``InvalidArgumentError`` with a
+that level would silently pick another anchor's logit. These checks compare the counts per level
+and per image at run time (a few scalar comparisons per step) and raise ``InvalidArgumentError`` with a
 message naming the level, the counts and the fix; likewise for the sampled ROIs and the mask
 targets. Each function returns its checked tensors, to be used in their place.
 """
@@ -74,7 +74,7 @@ def checked_anchor_targets(num_anchors, anchor_index, anchor_labels, anchor_targ
         used = anchor_labels >= 0
         checks.append(tf1.debugging.assert_equal(
             tf.reduce_all(tf.logical_not(used) | ((anchor_index >= 0) & (anchor_index < total))), True, message=(
-                "a sampled RPN anchor index lies outside the RPN's anchors of its image; anchors per image:"),
+                "a sampled RPN anchor index lies outside the anchors of its image; anchors per image:"),
             data=[total]))
         return _after(checks, [anchor_index, anchor_labels, anchor_targets])
 
