@@ -80,4 +80,3 @@ def emulated_hosts(tmp_path):
     yield make
     for hosts in reversed(made):
         hosts.close()
-

@@ -56,6 +56,24 @@ def test_batches_are_padded_and_consistent(split):
             assert np.all(anchor_index[i][used] < num_anchors[i])
 
 
+def test_sampled_rows_overwrite_a_reused_slot_with_padding(split):
+    """With fewer candidate anchors than rows, the rows after the sampled ones are padding (label -1,
+    index 0, target 0) whatever the reused buffer held before."""
+    from training.data.rpn_sampling import AnchorSet, sample_rpn_targets
+    cfg = _cfg(split)
+    anchors = AnchorSet.build(cfg, 64, 64)
+    rows = len(anchors) + 8   # more rows than anchors: padding is certain
+    index, labels, targets = np.full(rows, 7, np.int32), np.full(rows, 1, np.int32), np.ones((rows, 4), np.float32)
+    sample_rpn_targets(anchors, np.array([[8, 8, 40, 40]], np.float32), np.zeros(1, bool), (64, 64),
+                       rng=np.random.default_rng(0), index_out=index, labels_out=labels, targets_out=targets,
+                       batch_per_im=rows, fg_ratio=1.0)
+    used = labels >= 0
+    assert 0 < used.sum() < rows and np.all(used[:used.sum()])          # sampled rows first
+    assert np.all(labels[~used] == -1) and not index[~used].any() and not targets[~used].any()
+    assert not targets[labels == 0].any() and targets[labels == 1].any()
+    assert len(set(index[used])) == used.sum()
+
+
 def test_same_seed_same_batches(split):
     from training.data.pipeline import TrainingBatches
     cfg = _cfg(split)

@@ -88,7 +88,7 @@ def place_example(arrays: list[np.ndarray], i: int, example: dict, rng: np.rando
     images[i, :h, :w] = example["image"]
     images[i, h:] = 0
     images[i, :h, w:] = 0
-    for cleared in (gt_boxes, gt_labels, gt_masks, anchor_index, anchor_targets):
+    for cleared in (gt_boxes, gt_labels, gt_masks):
         cleared[i] = 0
     keep = ~example["is_crowd"]
     n = int(keep.sum())
@@ -96,7 +96,6 @@ def place_example(arrays: list[np.ndarray], i: int, example: dict, rng: np.rando
     gt_labels[i, :n] = example["class"][keep]
     for j, (y0, xb0, packed) in enumerate(example["masks"]):
         gt_masks[i, j, y0:y0 + packed.shape[0], xb0:xb0 + packed.shape[1]] = packed
-    anchor_labels[i] = -1  # padding rows: no anchor
     r = cfg.RPN
     sample_rpn_targets(anchors, example["boxes"], example["is_crowd"], (h, w), rng=rng,
                        index_out=anchor_index[i], labels_out=anchor_labels[i], targets_out=anchor_targets[i],

@@ -137,15 +137,15 @@ def classify_anchors(anchors: AnchorSet, gt_boxes: np.ndarray, is_crowd: np.ndar
 def sample_rpn_targets(anchors: AnchorSet, gt_boxes: np.ndarray, is_crowd: np.ndarray, image_hw, *,
                        rng: np.random.Generator, index_out: np.ndarray, labels_out: np.ndarray,
                        targets_out: np.ndarray, positive_thresh: float = 0.7, negative_thresh: float = 0.3,
-                       batch_per_im: int = 256, fg_ratio: float = 0.5, crowd_overlap_thresh: float = 9.99) -> int:
-    """Write one image's sampled anchors, foreground first, and return how many there are.
+                       batch_per_im: int = 256, fg_ratio: float = 0.5, crowd_overlap_thresh: float = 9.99) -> None:
+    """Write one image's sampled anchors as rows, foreground first, then padding rows.
 
     ``index_out [K]``: each sampled anchor's position in the concatenation over levels;
-    ``labels_out [K]``: 1 foreground, 0 background; ``targets_out [K, 4]``: the encoded box of a
-    foreground anchor. ``K >= batch_per_im``; the rows after the sampled ones are left untouched
-    (the caller fills them as padding: label -1). Only these rows cross to the graph, not a
-    label per anchor: ~270k anchors an image at 800x1333 would be ~5 MB of labels and targets,
-    for at most ``batch_per_im`` that count.
+    ``labels_out [K]``: 1 foreground, 0 background, -1 padding; ``targets_out [K, 4]``: the
+    encoded box of a foreground anchor, 0 elsewhere. ``K >= batch_per_im``; every row is written
+    (the buffers are reused). Only these rows cross to the graph, not a label per anchor: ~270k
+    anchors an image at 800x1333 would be ~5 MB of labels and targets, for at most
+    ``batch_per_im`` that count.
     """
     if len(index_out) < batch_per_im:
         raise ValueError(f"room for {len(index_out)} sampled anchors, RPN.BATCH_PER_IM is {batch_per_im}")
@@ -163,9 +163,11 @@ def sample_rpn_targets(anchors: AnchorSet, gt_boxes: np.ndarray, is_crowd: np.nd
     nf, n = len(fg), len(fg) + len(bg)
     index_out[:nf] = fg
     index_out[nf:n] = bg
+    index_out[n:] = 0
     labels_out[:nf] = 1
     labels_out[nf:n] = 0
+    labels_out[n:] = -1
+    targets_out[nf:] = 0
     if nf:
         boxes = np.asarray(gt_boxes, np.float32).reshape(-1, 4)[~np.asarray(is_crowd, bool).reshape(-1)]
         targets_out[:nf] = np_encode(boxes[best_gt[fg]], anchors.boxes[fg])
-    return n

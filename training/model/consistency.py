@@ -58,7 +58,7 @@ def checked_anchor_targets(num_anchors, anchor_index, anchor_labels, anchor_targ
         total = tf.add_n(counts)
         labels_shape = tf.shape(anchor_labels)
         checks.append(tf1.debugging.assert_equal(
-            num_anchors, tf.fill(tf.shape(num_anchors), total), message=(
+            num_anchors, total, message=(
                 "num_anchors: the input pipeline counts a different number of anchors per image than the RPN "
                 "has logits (summed over levels): its anchors do not match the feature maps of the model; "
                 "pipeline per image, logits:"), data=[num_anchors, total]))
