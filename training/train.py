@@ -83,25 +83,20 @@ def pretrained_init(path: str):
     return SaverRestoreRelaxed(path, ignore=("global_step",))
 
 
-def session_config(cfg, local_size: int, *, gpu: bool | None = None):
-    """The trainer's session options; ``gpu`` defaults to whether this process sees a GPU."""
+def session_config(cfg, local_size: int):
     from tensorpack.tfutils.sesscreate import NewSessionCreator
     from tensorpack.tfutils.common import get_default_sess_config
     conf = get_default_sess_config()
     threads = max(1, multiprocessing.cpu_count() // max(local_size, 1))
     conf.intra_op_parallelism_threads = threads  # don't oversubscribe the cores shared by local ranks
     conf.inter_op_parallelism_threads = threads
-    if gpu is None:
-        gpu = bool(tf.config.list_physical_devices("GPU"))
+    gpu = bool(tf.config.list_physical_devices("GPU"))
     if cfg.TRAIN.XLA and gpu:
         conf.graph_options.optimizer_options.global_jit_level = tf1.OptimizerOptions.ON_1
     if not gpu:
-        # No grappler on CPU. Its rewrites serve the GPU (layout, fusions, AMP, GPU memory planning);
-        # on CPU they re-optimise the graph for every new set of fetches (training, summary and
-        # evaluation steps): 3-8 s of start-up per process, and no faster step after it, measured
-        # with the demo model and with the full default model at 800 px (docs/training.md). Its
-        # memory optimizer also printed cost-model warnings. On a GPU grappler stays on.
-        conf.graph_options.rewrite_options.disable_meta_optimizer = True
+        # grappler's memory optimizer serves GPU memory only; on CPU it just logs cost-model warnings
+        from tensorflow.core.protobuf.rewriter_config_pb2 import RewriterConfig
+        conf.graph_options.rewrite_options.memory_optimization = RewriterConfig.OFF
     return NewSessionCreator(config=conf)
 
 

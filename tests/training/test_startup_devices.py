@@ -49,7 +49,6 @@ TRACE = textwrap.dedent("""
         sessions.append({
             "gpu_devices": None if config is None else dict(config.device_count).get("GPU"),
             "visible_device_list": "" if config is None else config.gpu_options.visible_device_list,
-            "grappler_off": config is not None and config.graph_options.rewrite_options.disable_meta_optimizer,
         })
         original_init(self, target, graph, config)
 
@@ -139,20 +138,6 @@ def test_one_process_at_coco_shapes_trains_and_maps_no_gpu_before_the_trainer(tm
     out, traces = _run(tmp_path, coco_data, 1, ["TRAIN.IMAGES_PER_EPOCH=8", "TRAIN.LR_EPOCH_SCHEDULE=[(1, None)]"])
     assert "step 2/2 " in out and (tmp_path / "log" / "model-2.index").exists()
     _assert_no_gpu_mapping_before_the_trainer(traces[0])
-    # no GPU here: the trainer's session runs without grappler (training.train.session_config)
-    trainer = [s for s in traces[0]["sessions"] if s["gpu_devices"] != 0]
-    assert trainer and all(s["grappler_off"] for s in trainer), traces[0]["sessions"]
-
-
-def test_grappler_rewrites_only_on_a_gpu_host():
-    from training.config import new_config
-    from training.train import session_config
-    cfg = new_config()
-    cfg.TRAIN.XLA = True
-    cpu = session_config(cfg, 1, gpu=False).config.graph_options
-    gpu = session_config(cfg, 8, gpu=True).config.graph_options
-    assert cpu.rewrite_options.disable_meta_optimizer and not gpu.rewrite_options.disable_meta_optimizer
-    assert gpu.optimizer_options.global_jit_level == 1 and cpu.optimizer_options.global_jit_level == 0  # ON_1
 
 
 @pytest.mark.slow
