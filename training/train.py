@@ -96,7 +96,7 @@ def session_config(cfg, local_size: int):
     if not gpu:
         # grappler's memory optimizer serves GPU memory only; on CPU it just logs cost-model warnings.
         # The rest of grappler stays on here too: it adds ~3 s to a CPU process's first step, but made
-        # the demo config's steps ~13% faster (docs/training.md), which a 1000-step run needs more.
+        # the demo config's steps ~13% faster (docs/training.md), which matters more over 1000 steps.
         from tensorflow.core.protobuf.rewriter_config_pb2 import RewriterConfig
         conf.graph_options.rewrite_options.memory_optimization = RewriterConfig.OFF
     return NewSessionCreator(config=conf)
