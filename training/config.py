@@ -148,7 +148,7 @@ _C.MODE_FPN = True            # False: C4 head on res4 features
 # a split named coco_train2017 resolves to train2017 (see training/data/coco.py).
 _C.DATA.BASEDIR = "data/synthetic"
 _C.DATA.TRAIN = ("coco_train2017",)
-_C.DATA.VAL = ("coco_val2017",)
+_C.DATA.VAL = ("coco_val2017",)    # evaluated during training (first split); () = train without evaluating
 _C.DATA.NUM_CATEGORY = 0      # derived from the training annotations in finalize
 _C.DATA.CLASS_NAMES = []      # derived: ["BG", ...category names]
 _C.DATA.NUM_WORKERS = 2       # input worker processes per rank (fresh interpreters, no TF); 0: in the trainer
@@ -317,10 +317,13 @@ def _finalize(cfg: AttrDict, *, num_ranks: int, class_names, has_gpu) -> None:
         _require(isinstance(cfg.get(key), bool), f"{key} must be True or False, got {cfg.get(key)!r}")
 
     # -- data
-    for key in ("DATA.TRAIN", "DATA.VAL"):
-        names = cfg.get(key)
-        _require(isinstance(names, (list, tuple)) and len(names) > 0 and all(isinstance(n, str) and n for n in names),
-                 f"{key} must name at least one split (e.g. 'coco_train2017'), got {names!r}")
+    names = cfg.DATA.TRAIN
+    _require(isinstance(names, (list, tuple)) and len(names) > 0 and all(isinstance(n, str) and n for n in names),
+             f"DATA.TRAIN must name at least one split (e.g. 'coco_train2017'), got {names!r}")
+    names = cfg.DATA.VAL
+    _require(isinstance(names, (list, tuple)) and all(isinstance(n, str) and n for n in names),
+             f"DATA.VAL must be a list of split names (e.g. ('coco_val2017',)), or () to train without "
+             f"evaluating, got {names!r}")
     cfg.DATA.TRAIN, cfg.DATA.VAL = tuple(cfg.DATA.TRAIN), tuple(cfg.DATA.VAL)
     _require(_is_int(cfg.DATA.NUM_WORKERS) and cfg.DATA.NUM_WORKERS >= 0,
              f"DATA.NUM_WORKERS must be >= 0 (0: prepare images in the training process), got {cfg.DATA.NUM_WORKERS!r}")

@@ -123,15 +123,18 @@ def _resnet_arch(name: str, raw: Any) -> list[int]:
     return RESNET_ARCHS[_choice(tuple(RESNET_ARCHS))(name, raw)]
 
 
-def _splits(name: str, raw: Any) -> tuple[str, ...]:
-    value = literal(raw)
-    if isinstance(value, str):
-        value = (value,)
-    if (not isinstance(value, (list, tuple)) or not value
-            or not all(isinstance(v, str) and v.strip() for v in value)):
-        raise ConfigError(f"hyperparameter {name}={raw!r}: expected a split name such as 'coco_train2017' "
-                          f"or a list of names")
-    return tuple(v.strip() for v in value)
+def _splits(*, allow_none: bool) -> Callable[[str, Any], tuple[str, ...]]:
+    """One split name or a list of them; with ``allow_none`` also ``[]`` (no split)."""
+    def parse(name: str, raw: Any) -> tuple[str, ...]:
+        value = literal(raw)
+        if isinstance(value, str):
+            value = (value,)
+        if (not isinstance(value, (list, tuple)) or not (value or allow_none)
+                or not all(isinstance(v, str) and v.strip() for v in value)):
+            raise ConfigError(f"hyperparameter {name}={raw!r}: expected a split name such as 'coco_train2017' "
+                              f"or a list of names" + (" ([] for none)" if allow_none else ""))
+        return tuple(v.strip() for v in value)
+    return parse
 
 
 def _path(name: str, raw: Any) -> str:
@@ -167,10 +170,11 @@ HYPERPARAMETERS = {h.name: h for h in (
                    "backbone normalisation: " + ", ".join(NORM_CHOICES)),
     Hyperparameter("images_per_epoch", "TRAIN.IMAGES_PER_EPOCH", _int(1),
                    "images per epoch"),
-    Hyperparameter("data_train", "DATA.TRAIN", _splits,
+    Hyperparameter("data_train", "DATA.TRAIN", _splits(allow_none=False),
                    "training split(s) under the data directory, e.g. coco_train2017"),
-    Hyperparameter("data_val", "DATA.VAL", _splits,
-                   "validation split(s) under the data directory, e.g. coco_val2017"),
+    Hyperparameter("data_val", "DATA.VAL", _splits(allow_none=True),
+                   "validation split(s) under the data directory, e.g. coco_val2017; [] trains without "
+                   "evaluating"),
     Hyperparameter("resnet_arch", "BACKBONE.RESNET_NUM_BLOCKS", _resnet_arch,
                    "resnet50 or resnet101"),
     Hyperparameter("backbone_weights", "BACKBONE.WEIGHTS", _path,

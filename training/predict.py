@@ -1,11 +1,13 @@
 """Predict with a trained checkpoint and write COCO-format results (boxes, scores, RLE masks).
 
-    python -m training.predict --checkpoint train_log/run1 --split val2017 --output results.json
+    python -m training.predict --checkpoint train_log/run1 --split val2017 --output results.json [--evaluate]
     python -m training.predict --checkpoint train_log/run1/model-2500 --images photos/ --output results.json
 
 --checkpoint is a log dir (its latest checkpoint) or a checkpoint prefix; the run's config.json
 next to it rebuilds the model. With --split the image ids and category ids are the dataset's;
 with --images the images are numbered 1.. in file-name order, each result also names its file.
+--evaluate scores a split's results with COCOeval and prints the metric lines and mAP table that
+training prints (for a run trained with DATA.VAL=(), or another split).
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ def parse_args(argv=None):
     src.add_argument("--images", help="a folder of images")
     src.add_argument("--split", help="a split of the dataset under DATA.BASEDIR (e.g. val2017)")
     p.add_argument("--output", required=True, help="results JSON to write")
+    p.add_argument("--evaluate", action="store_true", help="with --split: COCO evaluation of the results")
     p.add_argument("--config", nargs="*", default=[], metavar="KEY=VALUE", help="config overrides (e.g. DATA.BASEDIR=...)")
     return p.parse_args(argv)
 
@@ -100,6 +103,9 @@ def build_predictor(cfg, checkpoint: str):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.evaluate and not args.split:
+        print("error: --evaluate needs --split (a folder of images has no ground truth)", file=sys.stderr)
+        return 2
     checkpoint, logdir = resolve_checkpoint(args.checkpoint)
     cfg, category_ids = load_run_config(logdir, args.config)
     from training import evaluation
@@ -136,6 +142,11 @@ def main(argv=None) -> int:
     tmp.write_text(json.dumps(results))
     os.replace(tmp, out)
     print(f"wrote {len(results)} detections to {out}")
+    if args.evaluate:
+        metrics = evaluation.evaluate(split, results, iou_types=("bbox", "segm") if cfg.MODE_MASK else ("bbox",),
+                                      image_ids=[r["image_id"] for r in split.roidb])
+        print("\n".join(evaluation.metric_lines(metrics)))
+        print(evaluation.format_table(metrics))
     return 0
 
 

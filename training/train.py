@@ -40,7 +40,8 @@ def build_config(overrides, *, preset: str = ""):
 
 
 def load_data(cfg, *, validate_files: bool = True):
-    """The training records (all DATA.TRAIN splits) and the first validation split; errors now.
+    """The training records (all DATA.TRAIN splits) and the first validation split (None when
+    DATA.VAL is empty: the run does not evaluate); errors now.
 
     ``validate_files``: check that every listed image exists (one stat per image: 118k on EFS for
     COCO). Rank 0 does it; the other ranks only read the annotations and wait for its verdict.
@@ -48,6 +49,8 @@ def load_data(cfg, *, validate_files: bool = True):
     from training.data.coco import load_split, load_splits
     train = load_splits(cfg.DATA.BASEDIR, cfg.DATA.TRAIN, validate=validate_files)
     roidb = [r for split in train for r in split.training_roidb()]
+    if not cfg.DATA.VAL:
+        return train[0], roidb, None
     val = load_split(cfg.DATA.BASEDIR, cfg.DATA.VAL[0], validate=validate_files, require_annotations=False)
     if val.class_names != train[0].class_names:
         from training.data.coco import DatasetError
@@ -164,6 +167,9 @@ def main(argv=None) -> int:
         print(f"training on {size} rank(s), {cfg.TRAIN.BATCH_SIZE_PER_GPU} image(s) per rank, "
               f"{len(roidb)} training images; {cfg.TRAIN.MAX_STEPS} steps = {cfg.TRAIN.MAX_EPOCH} epochs of {spe}; "
               f"LR {cfg.TRAIN.SCALED_LR:g}" + (f"; resuming from {ckpt} at step {step}" if ckpt else ""), flush=True)
+        if val_split is None:
+            print("DATA.VAL is empty: this run does not evaluate (evaluate a checkpoint later with "
+                  "python -m training.predict --split ...)", flush=True)
 
     if ckpt:
         session_init = SmartInit(ckpt)
@@ -199,8 +205,9 @@ def main(argv=None) -> int:
         cb.ProgressLogger(lambda: model.stats, period=cfg.TRAIN.LOG_PERIOD, global_batch=global_batch,
                           max_steps=cfg.TRAIN.MAX_STEPS, steps_per_epoch=spe),
         PeriodicTrigger(ModelSaver(max_to_keep=3, checkpoint_dir=logdir), every_k_epochs=cfg.TRAIN.CHECKPOINT_PERIOD),
-        cb.COCOEvaluator(cfg, val_split, logdir=logdir if rank == 0 else None, rank=rank, size=size),
     ]
+    if val_split is not None:  # without it no predict tower is built either
+        callbacks.append(cb.COCOEvaluator(cfg, val_split, logdir=logdir if rank == 0 else None, rank=rank, size=size))
     if cfg.TRAIN.MAX_EPOCH % cfg.TRAIN.CHECKPOINT_PERIOD:
         callbacks.append(PeriodicTrigger(ModelSaver(max_to_keep=3, checkpoint_dir=logdir),
                                          every_k_epochs=cfg.TRAIN.MAX_EPOCH, before_train=False))

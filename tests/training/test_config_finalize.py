@@ -55,9 +55,11 @@ def test_epoch_schedule_and_warmup():
     ("PREPROC.TRAIN_SHORT_EDGE_SIZE=[800, 600]", "TRAIN_SHORT_EDGE_SIZE"),
     ("MRCNN.MASK_SIZE=27", "MASK_SIZE"),
     ("TRAIN.IMAGES_PER_EPOCH=0", "IMAGES_PER_EPOCH"),
+    ("DATA.TRAIN=()", "DATA.TRAIN must name at least one split"),
+    ("DATA.VAL=('',)", "DATA.VAL must be a list of split names .* or () to train without evaluating"),
 ])
 def test_bad_values_are_rejected_with_a_message(override, message):
-    with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
         finalize(_cfg(override), num_ranks=1, has_gpu=False)
 
 
@@ -72,3 +74,7 @@ def test_finalized_config_is_frozen():
     cfg = finalize(_cfg(), num_ranks=1, has_gpu=False)
     with pytest.raises(ConfigError):
         cfg.TRAIN.NEW_KEY = 1
+
+
+def test_an_empty_validation_list_trains_without_evaluating():
+    assert finalize(_cfg("DATA.VAL=()"), num_ranks=1, has_gpu=False).DATA.VAL == ()

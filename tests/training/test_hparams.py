@@ -64,6 +64,7 @@ def test_resnet101_norms_and_lists():
     assert cfg.BACKBONE.RESNET_NUM_BLOCKS == [3, 4, 23, 3]
     assert cfg.BACKBONE.NORM == "None"   # the string choice, not Python's None
     assert cfg.DATA.TRAIN == ("a", "b")
+    assert _applied({"data_val": "[]"}).DATA.VAL == ()   # train without evaluating
     for norm in ("FreezeBN", "SyncBN", "GN", "'GN'", '"SyncBN"'):
         assert _applied({"batch_norm": norm}).BACKBONE.NORM == norm.strip("'\"")
 
@@ -108,6 +109,7 @@ def test_sagemaker_toolkit_hyperparameters_are_skipped():
     ({"config:TRAIN.BASE_LR": "fast"}, r"config:TRAIN.BASE_LR='fast'.*must be a number like 0.01"),
     ({"config:MODE_MASK": "maybe"}, r"config:MODE_MASK='maybe'.*True or False"),
     ({"data_train": "[]"}, r"split name"),
+    ({"data_val": "[1]"}, r"data_val='\[1\]'.*split name.*\(\[\] for none\)"),
     ({"lr_schedule": "[1]", "config:TRAIN.LR_SCHEDULE": "[2]"}, r"both set TRAIN.LR_SCHEDULE"),
     ({"load_model": "[1, 2]"}, r"file name or path"),
 ])

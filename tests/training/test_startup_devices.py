@@ -135,7 +135,9 @@ def test_two_horovod_processes_at_coco_shapes_map_no_gpu_before_the_trainer(tmp_
 
 @pytest.mark.slow
 def test_one_process_at_coco_shapes_trains_and_maps_no_gpu_before_the_trainer(tmp_path, coco_data):
-    out, traces = _run(tmp_path, coco_data, 1, ["TRAIN.IMAGES_PER_EPOCH=8", "TRAIN.LR_EPOCH_SCHEDULE=[(1, None)]"])
+    # no evaluation (DATA.VAL=()): the 2-process run and test_full_model.py evaluate at these shapes
+    out, traces = _run(tmp_path, coco_data, 1, ["TRAIN.IMAGES_PER_EPOCH=8", "TRAIN.LR_EPOCH_SCHEDULE=[(1, None)]",
+                                                "DATA.VAL=()"])
     assert "step 2/2 " in out and (tmp_path / "log" / "model-2.index").exists()
     _assert_no_gpu_mapping_before_the_trainer(traces[0])
 

@@ -35,16 +35,16 @@ def run_module(module, *args, timeout=600):
 
 
 # MODULE.main(argv) for each argv in turn, in one interpreter (TensorFlow and Horovod imported once,
-# not once a case): exit status and stderr per case, as JSON on the last line.
+# not once a case): exit status, stdout and stderr per case, as JSON on the last line.
 _MAIN_PER_CASE = """
 import contextlib, importlib, io, json, sys
 main = importlib.import_module(sys.argv[1]).main
 results = []
 for argv in json.loads(sys.argv[2]):
-    err = io.StringIO()
-    with contextlib.redirect_stderr(err):
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         code = main(argv)
-    results.append({"code": code, "stderr": err.getvalue()})
+    results.append({"code": code, "stdout": out.getvalue(), "stderr": err.getvalue()})
 print(json.dumps(results))
 """
 
@@ -96,7 +96,7 @@ def test_few_step_training_run_writes_checkpoint_events_metrics(trained):
 @pytest.mark.slow
 def test_resume_continues_at_the_saved_step(trained, tiny_dataset):
     logdir, _ = trained
-    proc = run_module("training.train", *train_args(logdir, tiny_dataset, 3))
+    proc = run_module("training.train", *train_args(logdir, tiny_dataset, 3, "DATA.VAL=()"))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     saved, last = 2 * STEPS_PER_EPOCH, 3 * STEPS_PER_EPOCH
     assert f"at step {saved}" in proc.stdout  # "resuming from .../model-4 at step 4"
@@ -111,10 +111,13 @@ def test_resume_continues_at_the_saved_step(trained, tiny_dataset):
 @pytest.mark.slow
 def test_load_model_fine_tunes_from_step_zero(trained, tiny_dataset, tmp_path):
     logdir, _ = trained
+    # without a validation split: trains and saves, never evaluates (no predict tower is built)
     proc = run_module("training.train", *train_args(tmp_path / "ft", tiny_dataset, 2,
-                                                     f"TRAIN.LOAD_MODEL={str(logdir)!r}"))
+                                                     f"TRAIN.LOAD_MODEL={str(logdir)!r}", "DATA.VAL=()"))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert f"fine-tuning from {logdir / 'model-'}" in proc.stdout  # the latest checkpoint of that run
+    assert "DATA.VAL is empty: this run does not evaluate" in proc.stdout
+    assert "mAP(" not in proc.stdout and not (tmp_path / "ft" / "eval_results.json").exists()
     last = 2 * STEPS_PER_EPOCH
     steps = [int(m.group(1)) for m in re.finditer(rf"^step (\d+)/{last} ", proc.stdout, re.M)]
     assert steps[0] == 1 and steps[-1] == last  # a new schedule from step 0, not a resume
@@ -130,11 +133,16 @@ def test_predict_writes_coco_results(trained, tiny_dataset, tmp_path):
     for p in sorted((tiny_dataset / "val2017").iterdir())[:2]:
         (images / p.name).write_bytes(p.read_bytes())
     # a split, then a folder of images: both predictions in one interpreter
-    split_run, folder_run = run_mains("training.predict", [
-        ["--checkpoint", str(logdir), "--split", "val2017", "--output", str(out),
+    split_run, folder_run, no_ground_truth = run_mains("training.predict", [
+        ["--checkpoint", str(logdir), "--split", "val2017", "--output", str(out), "--evaluate",
          "--config", f"DATA.BASEDIR={str(tiny_dataset)!r}"],
-        ["--checkpoint", str(logdir), "--images", str(images), "--output", str(out2)]])
+        ["--checkpoint", str(logdir), "--images", str(images), "--output", str(out2)],
+        ["--checkpoint", str(logdir), "--images", str(images), "--output", str(out2), "--evaluate"]])
     assert split_run["code"] == 0, split_run["stderr"][-3000:]
+    for name in EVALUATION_METRICS:   # --evaluate: the lines training prints (and SageMaker reads)
+        assert any(re.fullmatch(metric_regex(name), line) for line in split_run["stdout"].splitlines()), name
+    assert folder_run["code"] == 0 and no_ground_truth["code"] == 2
+    assert "--evaluate needs --split" in no_ground_truth["stderr"]
     results = json.loads(out.read_text())
     assert isinstance(results, list)
     from pycocotools.coco import COCO
