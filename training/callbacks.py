@@ -131,13 +131,28 @@ class ProgressLogger(Callback):
 
 
 # ------------------------------------------------------------------------------------------ evaluation
+def _evaluated_records(split, max_images: int) -> list[dict]:
+    return split.roidb[:max_images] if max_images else split.roidb
+
+
+def evaluate_split(split, detections: list[dict], cfg, *, max_images: int = 0) -> dict[str, float]:
+    """COCOeval (bbox, and segm for a mask model) of ``detections`` on the images ``predict_split``
+    covers; prints one metric line per figure (what SageMaker's regexes read) and the mAP table."""
+    iou_types = ("bbox", "segm") if cfg.MODE_MASK else ("bbox",)
+    ids = [r["image_id"] for r in _evaluated_records(split, max_images)]
+    results = evaluation.evaluate(split, detections, iou_types=iou_types, image_ids=ids)
+    for line in evaluation.metric_lines(results):
+        _print(line)
+    _print(evaluation.format_table(results))
+    return results
+
+
 def predict_split(predict_fn, split, cfg, *, rank: int = 0, size: int = 1, max_images: int = 0) -> list[dict]:
     """COCO result dicts for this rank's share (every ``size``-th image from ``rank``) of ``split``."""
     from training.data.pipeline import iterate_test_images
     from training.inference import detect
 
-    records = split.roidb[:max_images] if max_images else split.roidb
-    mine = records[rank::size]
+    mine = _evaluated_records(split, max_images)[rank::size]
     results = []
     for idx, image in iterate_test_images([r["file_name"] for r in mine], num_workers=cfg.DATA.NUM_WORKERS):
         det = detect(predict_fn, image, cfg)
@@ -183,14 +198,9 @@ class COCOEvaluator(Callback):
         everything = evaluation.gather_detections(local)
         if self.rank != 0:
             return None
-        iou_types = ("bbox", "segm") if self.cfg.MODE_MASK else ("bbox",)
-        ids = [r["image_id"] for r in (self.split.roidb[:self.cfg.TRAIN.EVAL_MAX_IMAGES]
-                                         if self.cfg.TRAIN.EVAL_MAX_IMAGES else self.split.roidb)]
-        results = evaluation.evaluate(self.split, everything, iou_types=iou_types, image_ids=ids)
-        for line in evaluation.metric_lines(results):
-            _print(line)
-        _print(evaluation.format_table(results))
-        _print(f"evaluation of {len(ids)} images took {time.time() - start:.1f}s")
+        results = evaluate_split(self.split, everything, self.cfg, max_images=self.cfg.TRAIN.EVAL_MAX_IMAGES)
+        count = len(_evaluated_records(self.split, self.cfg.TRAIN.EVAL_MAX_IMAGES))
+        _print(f"evaluation of {count} images took {time.time() - start:.1f}s")
         for name, value in results.items():
             self.trainer.monitors.put_scalar(name, value)
         if self.logdir:

@@ -109,7 +109,7 @@ def main(argv=None) -> int:
     checkpoint, logdir = resolve_checkpoint(args.checkpoint)
     cfg, category_ids = load_run_config(logdir, args.config)
     from training import evaluation
-    from training.callbacks import predict_split
+    from training.callbacks import evaluate_split, predict_split
     from training.data.pipeline import iterate_test_images
     from training.inference import detect
     if args.images:
@@ -143,10 +143,7 @@ def main(argv=None) -> int:
     os.replace(tmp, out)
     print(f"wrote {len(results)} detections to {out}")
     if args.evaluate:
-        metrics = evaluation.evaluate(split, results, iou_types=("bbox", "segm") if cfg.MODE_MASK else ("bbox",),
-                                      image_ids=[r["image_id"] for r in split.roidb])
-        print("\n".join(evaluation.metric_lines(metrics)))
-        print(evaluation.format_table(metrics))
+        evaluate_split(split, results, cfg)
     return 0
 
 

@@ -169,7 +169,7 @@ def main(argv=None) -> int:
               f"LR {cfg.TRAIN.SCALED_LR:g}" + (f"; resuming from {ckpt} at step {step}" if ckpt else ""), flush=True)
         if val_split is None:
             print("DATA.VAL is empty: this run does not evaluate (evaluate a checkpoint later with "
-                  "python -m training.predict --split ...)", flush=True)
+                  "python -m training.predict --split S --evaluate)", flush=True)
 
     if ckpt:
         session_init = SmartInit(ckpt)
