@@ -26,6 +26,34 @@ os.environ["AWS_SHARED_CREDENTIALS_FILE"] = os.devnull
 os.environ["AWS_CONFIG_FILE"] = os.devnull
 
 
+# Test files that use emulated hosts (tests/emulated_hosts.py). They run one at a time: two training jobs
+# across emulated hosts at once on 2 cores time-slice each other's ranks and collectives until their
+# waits time out, and a harness leaves shared mount points in place while another harness is live.
+WHOLE_MACHINE_FILES = frozenset({
+    "tests/test_emulated_hosts.py",
+    "tests/launch/test_cluster_emulated.py",
+    "tests/launch/test_sagemaker_multihost.py",
+    "tests/script_mode/test_sagemaker_mpi_emulated.py",
+})
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """Each test file whole on one xdist worker (module fixtures are built once), as ``--dist loadfile``
+    does, and the :data:`WHOLE_MACHINE_FILES` together as one unit, so never two of them at once."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    gone = sorted(p for p in WHOLE_MACHINE_FILES if not (REPO_ROOT / p).is_file())
+    if gone:
+        raise pytest.UsageError(f"tests/conftest.py WHOLE_MACHINE_FILES names files that do not exist: {gone}")
+
+    class FileOrWholeMachine(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return "whole-machine" if path in WHOLE_MACHINE_FILES else path
+
+    return FileOrWholeMachine(config, log)
+
+
 @pytest.fixture(scope="session")
 def moto_server():
     """A moto server on 127.0.0.1 for the whole session; yields its endpoint URL."""
@@ -61,15 +89,16 @@ def sagemaker_env(aws_env, tmp_path, monkeypatch):
 
 
 @pytest.fixture
-def emulated_hosts(tmp_path):
+def emulated_hosts(tmp_path, request):
     """Factory for emulated hosts (tests/emulated_hosts.py): ``emulated_hosts({name: address}, private=...,
     shared=...)`` returns started :class:`EmulatedHosts`; all are torn down after the test, also on failure.
-    Skips unless root with iproute2/util-linux (CI runs as root, so there these tests really run)."""
+    Skips unless root with iproute2/util-linux; fails instead in CI, where they must run (tests/machine.py)."""
     from emulated_hosts import EmulatedHosts, missing_requirements
+    from machine import require
 
-    reason = missing_requirements()
-    if reason:
-        pytest.skip(reason)
+    require(missing_requirements())
+    test_file = request.node.path.relative_to(REPO_ROOT).as_posix()
+    assert test_file in WHOLE_MACHINE_FILES, f"{test_file} uses emulated hosts: add it to WHOLE_MACHINE_FILES"
     made = []
 
     def make(hosts, **kwargs):

@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from emulated_hosts import EmulatedHosts, clean_leftovers, missing_requirements
+from machine import require
 
 TWO = {"algo-1": "10.77.9.11", "algo-2": "10.77.9.12"}
 CONNECT = "import socket, sys; socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=2)"
@@ -78,9 +79,7 @@ def test_stop_and_disconnect(emulated_hosts):
 
 
 def test_teardown_on_failure_and_leftovers(tmp_path):
-    reason = missing_requirements()
-    if reason:
-        pytest.skip(reason)
+    require(missing_requirements())
     probe = Path("/opt/emulated-hosts-probe")
     hosts = EmulatedHosts(TWO, workdir=tmp_path / "h", private=[str(probe / "ml")])
     with pytest.raises(RuntimeError, match="the test failed"):

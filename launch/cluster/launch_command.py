@@ -44,7 +44,9 @@ HOROVOD_ENV = {
 # EFA without RDMA read: p3dn, g4dn, g5, g6, g6e, ... There, FI_EFA_USE_DEVICE_RDMA=1 makes libfabric abort.
 EFA_RDMA_READ_FAMILIES = frozenset({"p4d", "p4de", "p5", "p5e", "p5en", "p6-b200", "p6-b300", "p6e-gb200"})
 
-# Open MPI parameters for every MPI job (EC2 cluster: -mca flags; SageMaker: OMPI_MCA_ variables).
+# Open MPI parameters for every MPI job (EC2 cluster and the script-mode job under the SDK's MPI driver:
+# -mca flags; the SageMaker entry: OMPI_MCA_ variables). Open MPI yields on its own only when it knows
+# a node is oversubscribed; a rank alone on its host (one per instance) polls at full speed otherwise.
 MPI_MCA = {"mpi_yield_when_idle": "1"}
 
 # Variables every rank needs from the launching shell.
@@ -92,6 +94,11 @@ def horovod_env(*, efa: bool, instance_types: Collection[str] = (),
             **HOROVOD_ENV}
 
 
+def mca_flags() -> list[str]:
+    """:data:`MPI_MCA` as mpirun's ``-mca KEY VALUE`` flags."""
+    return [arg for key, value in MPI_MCA.items() for arg in ("-mca", key, value)]
+
+
 def mca_env() -> dict[str, str]:
     """:data:`MPI_MCA` as environment variables: mpirun reads them and passes them on to every rank."""
     return {f"OMPI_MCA_{key}": value for key, value in MPI_MCA.items()}
@@ -136,7 +143,7 @@ def mpirun_command(nodes: list[Node], *, hostfile: str, train: list[str], efa: b
         "-mca", "oob_tcp_if_exclude", excluded,
         "-mca", "plm_rsh_args", ssh_args(port=ssh_port, key=ssh_key),
         "-mca", "orte_abort_on_non_zero_status", "1",
-        *[arg for key, value in MPI_MCA.items() for arg in ("-mca", key, value)],
+        *mca_flags(),
         "--tag-output",
     ]
     for key, value in horovod_env(efa=efa, instance_types=instance_types).items():

@@ -42,6 +42,7 @@ import boto3
 from infra import outputs
 from launch.aws import (LaunchError, make_session, require_output, stack_outputs, stack_role_trusted,
                         training_networking)
+from launch.cluster.launch_command import mca_flags
 from script_mode import sagemaker_mpi
 
 STRATEGIES = ("ps", "horovod")
@@ -158,6 +159,8 @@ def build_trainer(session: boto3.session.Session, job: ScriptModeJob, code_dir: 
         distributed = MPI(process_count_per_node=job.processes_per_host, mpi_additional_options=[
             # mpirun forwards only the variables named with -x; the script needs Keras 2.
             "-x", "TF_USE_LEGACY_KERAS",
+            # every MPI job's Open MPI parameters (waiting ranks yield their core; launch_command.py)
+            *mca_flags(),
             # The SDK's driver passes the per-instance count as mpirun's -np, which would start
             # that many ranks in all (on the first instance); the last -np wins.
             "-np", str(job.instance_count * job.processes_per_host)])

@@ -24,6 +24,7 @@ import pytest
 from infra import outputs
 
 from cdk_synth import deploy_to_moto, prepare_moto_account
+from machine import require
 
 CLUSTER = outputs.EFS_CLUSTER_STACK
 GPUS_OF_TYPE = 8
@@ -56,9 +57,12 @@ def _sandbox_unavailable() -> str | None:
     return None
 
 
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(_sandbox_unavailable() is not None,
-                                 reason=str(_sandbox_unavailable()))]
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(autouse=True)
+def _needs_a_sandbox():
+    require(_sandbox_unavailable())
 
 
 class _Imds(http.server.BaseHTTPRequestHandler):

@@ -15,15 +15,17 @@ from pathlib import Path
 import pytest
 
 from cdk_synth import REPO_ROOT
+from machine import require
 
 ENTRYPOINT = REPO_ROOT / "docker" / "entrypoint.sh"
 PRIVATE_IP = "10.0.0.5"
 OTHER_IP = "172.17.0.1"     # e.g. docker0 on the same host
 
-pytestmark = pytest.mark.skipif(
-    os.geteuid() != 0 or not Path("/usr/sbin/sshd").exists() or not shutil.which("ss")
-    or subprocess.run(["unshare", "--net", "--mount", "true"], capture_output=True).returncode,
-    reason="needs root, unshare --net --mount, /usr/sbin/sshd and ss")
+@pytest.fixture(autouse=True)
+def _needs_a_network_namespace_and_sshd():
+    require(None if os.geteuid() == 0 and Path("/usr/sbin/sshd").exists() and shutil.which("ss")
+            and subprocess.run(["unshare", "--net", "--mount", "true"], capture_output=True).returncode == 0
+            else "needs root, unshare --net --mount, /usr/sbin/sshd and ss")
 
 
 def _listening(tmp_path: Path, cluster_env: str) -> tuple[list[str], str]:

@@ -17,11 +17,13 @@ import pytest
 from infra.userdata import NOTEBOOK_ON_START_SCRIPT, script_body
 
 from cdk_synth import REPO_ROOT
+from machine import require
 
-pytestmark = pytest.mark.skipif(
-    os.geteuid() != 0 or not shutil.which("unshare")
-    or subprocess.run(["unshare", "--mount", "true"], capture_output=True).returncode,
-    reason="needs root and unshare --mount")
+@pytest.fixture(autouse=True)
+def _needs_a_mount_namespace():
+    require(None if os.geteuid() == 0 and shutil.which("unshare")
+            and subprocess.run(["unshare", "--mount", "true"], capture_output=True).returncode == 0
+            else "needs root and unshare --mount")
 
 STUBS = {
     "mount": 'echo "mount $*" >> "$CALLS"; mkdir -p "$MOUNTED"',

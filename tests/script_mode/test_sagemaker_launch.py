@@ -99,7 +99,8 @@ def test_horovod_job(stack, small_digits):
     assert json.loads(drivers["sourcecode.json"])["entry_script"] == "script_mode/train.py"
     # -np is the job's rank count (2 instances x 2), not the SDK driver's per-instance count.
     assert json.loads(drivers["distributed.json"]) == {
-        "process_count_per_node": 2, "mpi_additional_options": ["-x", "TF_USE_LEGACY_KERAS", "-np", "4"]}
+        "process_count_per_node": 2,
+        "mpi_additional_options": ["-x", "TF_USE_LEGACY_KERAS", "-mca", "mpi_yield_when_idle", "1", "-np", "4"]}
     # Every instance runs the wrapper, which installs the job's SSH keys and then the SDK's driver.
     assert b"python script_mode/sagemaker_mpi.py" in drivers["sm_train.sh"]
     assert "distributed_drivers/mpi_driver.py" in drivers

@@ -109,6 +109,9 @@ def test_horovod_job_runs_on_two_hosts_under_the_sdks_mpi_driver(emulated_hosts,
     assert rc == {"algo-1": 0, "algo-2": 0}, out["algo-1"][-6000:] + "\n----- algo-2\n" + out["algo-2"][-3000:]
     one, two = hosts["algo-1"], hosts["algo-2"]
     assert "the job's SSH keys are installed" in out["algo-1"] and "the job's SSH keys are installed" in out["algo-2"]
+    # The SDK's driver ran mpirun with the project's Open MPI parameters: waiting ranks yield their core.
+    mpirun = [line for line in out["algo-1"].splitlines() if "Executing command: mpirun" in line]
+    assert mpirun and "-mca mpi_yield_when_idle 1" in mpirun[0], out["algo-1"][-3000:]
     # The driver's handshake over SSH: algo-2 reported ready to algo-1, algo-1 told algo-2 it is done.
     assert one.path("/tmp/ready.algo-2").exists() and two.path("/tmp/done.algo-1").exists()
     metrics = json.loads(one.path("/opt/ml/model/metrics.json").read_text())

@@ -1,0 +1,29 @@
+"""A test that needs what this machine lacks skips outside CI and fails in CI (tests/machine.py)."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+NEEDS_MISSING = '''
+from machine import require
+
+def test_needs_a_missing_tool():
+    require("needs a tool this machine lacks")
+
+def test_needs_nothing_missing():
+    require(None)
+'''
+
+
+@pytest.mark.parametrize("ci, outcome", [("", "1 passed, 1 skipped"), ("true", "1 failed, 1 passed")])
+def test_a_missing_requirement_skips_outside_ci_and_fails_in_ci(tmp_path, ci, outcome):
+    (tmp_path / "test_needs.py").write_text(NEEDS_MISSING)
+    env = {**os.environ, "CI": ci, "PYTHONPATH": str(Path(__file__).parent)}
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
+                          "-o", "addopts=", str(tmp_path / "test_needs.py")],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert outcome in run.stdout, run.stdout[-2000:]
+    if ci:
+        assert "needs a tool this machine lacks: CI runs as root" in run.stdout
