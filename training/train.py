@@ -77,11 +77,14 @@ def resolve_weights(path: str, basedir: str, key: str) -> str:
 
 
 def pretrained_init(path: str):
-    """Weights to start from (fine-tune): every matching variable but the global step, which starts at 0."""
+    """Weights to start from (fine-tune): every matching variable but the global step, which starts at 0.
+
+    An .npz is read by op name (weights.read_npz: tensorpack's files key ``conv0/W:0``, others
+    ``conv0/W``; a file with both for one variable is an error, not a silent pick)."""
     from tensorpack.tfutils.sessinit import DictRestore, SaverRestoreRelaxed
     if path.endswith(".npz"):
-        import numpy as np
-        weights = {k: v for k, v in np.load(path).items() if k.split(":")[0] != "global_step"}
+        from training.model.weights import read_npz
+        weights = {name: v for name, v in read_npz(path).items() if name != "global_step"}
         return DictRestore(weights, ignore_mismatch=True)
     return SaverRestoreRelaxed(path, ignore=("global_step",))
 

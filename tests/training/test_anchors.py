@@ -10,7 +10,9 @@ def test_grid_anchor_layout_and_centres():
     assert anc.shape == (3 * 4 * 3, 4)
     grid = anc.reshape(3, 4, 3, 4)
     centres = 0.5 * (grid[..., :2] + grid[..., 2:])
-    np.testing.assert_allclose(centres[1, 2, 0], [(2 + 0.5) * 8, (1 + 0.5) * 8])
+    # tensorpack's get_all_anchors: cell (row 1, column 2) of stride 8 is centred at x = 2 * 8, y = 1 * 8
+    np.testing.assert_allclose(centres[1, 2, 0], [16.0, 8.0])
+    np.testing.assert_allclose(grid[0, 0, 1], [-16.0, -16.0, 16.0, 16.0])  # ratio 1 at the origin
     # every ratio keeps the area size**2; ratio = height / width
     w = grid[0, 0, :, 2] - grid[0, 0, :, 0]
     h = grid[0, 0, :, 3] - grid[0, 0, :, 1]

@@ -1,6 +1,7 @@
 """The FULL default model, as users train it on COCO: ResNet-50-FPN with P2-P6, short edge 800 /
-max 1333, FreezeBN with FREEZE_AT=2 on ImageNet-R50-AlignPadding-named weights (random values,
-every backbone variable restored), mask head on, TRAIN.BATCH_SIZE_PER_GPU=2 on COCO-size images.
+max 1333, FreezeBN with FREEZE_AT=2 on a random file in ImageNet-R50-AlignPadding.npz's format
+(tensorpack's `conv0/W:0` keys, the classifier too; every backbone variable restored), mask head
+on, TRAIN.BATCH_SIZE_PER_GPU=2 on COCO-size images.
 
 One graph, built once: a real training step, then prediction and COCO evaluation with the same
 weights. Slow on CPU (one step is tens of seconds on 2 cores; docs/training.md has the figure).
@@ -39,11 +40,12 @@ def test_full_default_model_trains_a_step_predicts_and_evaluates(session, coco_l
     from training.callbacks import predict_split
     from training.data.pipeline import TrainingBatches
     from training.model.tower import build_towers
-    from training.model.weights import backbone_variable_shapes, strict_backbone_init, write_random_npz
+    from training.model.weights import strict_backbone_init
+    from tensorpack_weights import R50, write_imagenet_resnet
 
     basedir, train, val = coco_like
     weights = tmp_path / "ImageNet-R50-AlignPadding.npz"
-    write_random_npz(weights, backbone_variable_shapes(num_blocks=[3, 4, 6, 3]), seed=0)
+    values = write_imagenet_resnet(weights, R50, seed=0)  # as tensorpack writes it: `conv0/W:0` keys
     cfg = new_config()
     # only what a COCO user sets: the data, the weights, the batch size (everything else: defaults)
     cfg.update_args([f"DATA.BASEDIR={str(basedir)!r}", "DATA.TRAIN=('train2017',)", "DATA.VAL=('val2017',)",
@@ -75,9 +77,8 @@ def test_full_default_model_trains_a_step_predicts_and_evaluates(session, coco_l
     assert np.isfinite(loss) and all(np.isfinite(v) for v in stats.values()), stats
     assert stats["maskrcnn_loss/maskrcnn_loss"] > 0 and stats["fastrcnn_losses/num_fg_label"] > 0
     # the frozen stem kept its ImageNet weights
-    with np.load(weights) as f:
-        stem = next(v for v in tf.compat.v1.global_variables() if v.op.name == "conv0/W")
-        np.testing.assert_array_equal(sess.run(stem), f["conv0/W"])
+    stem = next(v for v in tf.compat.v1.global_variables() if v.op.name == "conv0/W")
+    np.testing.assert_array_equal(sess.run(stem), values["conv0/W:0"])
 
     # prediction and COCO evaluation with the same weights
     feeds, outputs = towers.pred_inputs, towers.pred_outputs

@@ -64,7 +64,8 @@ def test_sampled_rows_overwrite_a_reused_slot_with_padding(split):
     anchors = AnchorSet.build(cfg, 64, 64)
     rows = len(anchors) + 8   # more rows than anchors: padding is certain
     index, labels, targets = np.full(rows, 7, np.int32), np.full(rows, 1, np.int32), np.ones((rows, 4), np.float32)
-    sample_rpn_targets(anchors, np.array([[8, 8, 40, 40]], np.float32), np.zeros(1, bool), (64, 64),
+    # a box that no anchor matches exactly, so its foreground rows carry non-zero targets
+    sample_rpn_targets(anchors, np.array([[9, 7, 43, 41]], np.float32), np.zeros(1, bool), (64, 64),
                        rng=np.random.default_rng(0), index_out=index, labels_out=labels, targets_out=targets,
                        batch_per_im=rows, fg_ratio=1.0)
     used = labels >= 0

@@ -1,7 +1,8 @@
 """Anchor boxes and the RPN's training targets.
 
-Anchors of one level sit at the centres of that level's feature cells (``(i + 0.5) * stride``),
-one per (size, ratio) pair, in the order ``[H, W, A]`` row-major: the RPN head's outputs are
+Anchors of cell ``i`` of a level are centred at image coordinate ``i * stride``, as tensorpack's
+``get_all_anchors`` places them (the RPN weights of its COCO models were trained on those), one per
+(size, ratio) pair (sizes outer, ratios inner), in the order ``[H, W, A]`` row-major: the RPN head's outputs are
 flattened in the same order, so the pipeline's targets line up with the graph's predictions.
 Targets are computed in NumPy in the input pipeline (cheap, and off the training step).
 """
@@ -27,8 +28,8 @@ def cell_anchors(sizes, ratios) -> np.ndarray:
 def grid_anchors(stride: int, sizes, ratios, feat_h: int, feat_w: int) -> np.ndarray:
     """``[feat_h * feat_w * A, 4]`` anchors of one level, in ``[H, W, A]`` order."""
     base = cell_anchors(sizes, ratios)
-    cy = (np.arange(feat_h, dtype=np.float32) + 0.5) * stride
-    cx = (np.arange(feat_w, dtype=np.float32) + 0.5) * stride
+    cy = np.arange(feat_h, dtype=np.float32) * stride
+    cx = np.arange(feat_w, dtype=np.float32) * stride
     cx, cy = np.meshgrid(cx, cy)  # [H, W]
     shifts = np.stack([cx, cy, cx, cy], axis=-1)[:, :, None, :]  # [H, W, 1, 4]
     return (shifts + base[None, None]).reshape(-1, 4).astype(np.float32)
@@ -124,8 +125,8 @@ def tf_grid_anchors(stride: int, sizes, ratios, feat_h, feat_w):
     from training.compat import tf
     with tf.name_scope(scopes.ANCHORS):
         base = tf.constant(cell_anchors(sizes, ratios))
-        cy = (tf.cast(tf.range(feat_h), tf.float32) + 0.5) * stride
-        cx = (tf.cast(tf.range(feat_w), tf.float32) + 0.5) * stride
+        cy = tf.cast(tf.range(feat_h), tf.float32) * stride
+        cx = tf.cast(tf.range(feat_w), tf.float32) * stride
         cx, cy = tf.meshgrid(cx, cy)
         shifts = tf.stack([cx, cy, cx, cy], axis=-1)[:, :, None, :]
         return tf.reshape(shifts + base[None, None], [-1, 4])

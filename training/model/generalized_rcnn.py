@@ -75,14 +75,14 @@ class MaskRCNN(ModelDesc):
     def _to_nhwc(self, x):
         return tf.transpose(x, [0, 2, 3, 1]) if self.cfg.BACKBONE.DATA_FORMAT == "NCHW" else x
 
-    def _features(self, images):
+    def _features(self, images, image_hw):
         """RPN feature maps (one per anchor level) and the ROI pooling function."""
         cfg = self.cfg
         x = self._preprocess(images)
         self.backbone = ResNet.from_config(cfg)
         fmt = cfg.BACKBONE.DATA_FORMAT
         if cfg.MODE_FPN:
-            c_feats = self.backbone(x)
+            c_feats = self.backbone(x, image_hw=image_hw)
             p_feats = fpn(c_feats, num_channel=cfg.FPN.NUM_CHANNEL, norm=cfg.FPN.NORM, data_format=fmt,
                           with_p6=64 in cfg.FPN.ANCHOR_STRIDES)
             rpn_feats = [p_feats[(4, 8, 16, 32, 64).index(s)] for s in cfg.FPN.ANCHOR_STRIDES]
@@ -92,7 +92,7 @@ class MaskRCNN(ModelDesc):
                 return multilevel_roi_align(roi_feats, boxes, box_indices, output_size=size,
                                             canonical_size=cfg.FPN.ROI_CANONICAL_SIZE, strides=FPN_ROI_STRIDES)
         else:
-            c4 = self.backbone(x, num_stages=3)[-1]
+            c4 = self.backbone(x, num_stages=3, image_hw=image_hw)[-1]
             rpn_feats = [c4]
             c4_nhwc = self._to_nhwc(c4)
 
@@ -144,7 +144,7 @@ class MaskRCNN(ModelDesc):
                     anchor_labels, anchor_targets):
         cfg = self.cfg
         training = get_current_tower_context().is_training
-        rpn_feats, pool = self._features(images)
+        rpn_feats, pool = self._features(images, image_hw)
         logits_l, deltas_l, anchors_l = multilevel_rpn(rpn_feats, cfg=cfg, data_format=cfg.BACKBONE.DATA_FORMAT)
         batch = cfg.TRAIN.BATCH_SIZE_PER_GPU if training else 1
         proposals = [generate_proposals([lg[i] for lg in logits_l], [dl[i] for dl in deltas_l], anchors_l,

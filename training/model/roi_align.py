@@ -4,6 +4,12 @@ Each output bin averages 2x2 bilinear samples placed at the centres of its four 
 no rounding of the box. Feature cell ``i`` of a map with stride ``s`` is centred at image
 coordinate ``(i + 0.5) * s`` (see anchors.py), which fixes the mapping from image boxes to the
 normalised coordinates that crop_and_resize samples at.
+
+As in tensorpack's ``crop_and_resize(pad_border=True)`` (examples/FasterRCNN/modeling/model_box.py),
+samples up to one cell outside the first and last cell centres (where a box reaching the image
+border puts its outer samples) read the edge cells rather than fading to zero: the map is padded by
+one edge-replicated cell on each side before sampling. Samples further out (boxes past the image)
+read zero.
 """
 from __future__ import annotations
 
@@ -13,18 +19,30 @@ from training.compat import tf
 from training.model import scopes
 
 
-def _sampling_boxes(boxes, stride: float, samples: int, feat_h, feat_w):
-    """Normalised crop_and_resize boxes whose ``samples x samples`` grid hits the sub-bin centres."""
+# one edge-replicated cell on each side of the feature map (tensorpack's pad_border)
+BORDER = 1
+
+
+def _pad_border(features):
+    """``[B, H, W, C]`` -> ``[B, H + 2, W + 2, C]``; with a pad of one, SYMMETRIC repeats the edge cell."""
+    return tf.pad(features, [[0, 0], [BORDER, BORDER], [BORDER, BORDER], [0, 0]], mode="SYMMETRIC")
+
+
+def _sampling_boxes(boxes, stride: float, samples: int, padded_h, padded_w):
+    """Normalised crop_and_resize boxes on the border-padded map whose ``samples x samples`` grid
+    hits the sub-bin centres."""
     with tf.name_scope(scopes.ROI_BOXES):
         x1, y1, x2, y2 = tf.unstack(boxes, axis=1)
         bw, bh = x2 - x1, y2 - y1
-        # first sample centre and spacing, in feature-cell index coordinates
-        ax = (x1 + 0.5 * bw / samples) / stride - 0.5
-        ay = (y1 + 0.5 * bh / samples) / stride - 0.5
+        # first sample centre and spacing, in index coordinates of the padded map
+        # (cell k of the unpadded map is centred at image (k + 0.5) * stride and is padded cell k + 1)
+        ax = (x1 + 0.5 * bw / samples) / stride - 0.5 + BORDER
+        ay = (y1 + 0.5 * bh / samples) / stride - 0.5 + BORDER
         dx = bw / (samples * stride)
         dy = bh / (samples * stride)
-        wn = tf.maximum(tf.cast(feat_w, tf.float32) - 1.0, 1.0)
-        hn = tf.maximum(tf.cast(feat_h, tf.float32) - 1.0, 1.0)
+        # crop_and_resize maps normalised 0..1 to index 0..size-1 (size >= 3 after padding)
+        wn = tf.cast(padded_w, tf.float32) - 1.0
+        hn = tf.cast(padded_h, tf.float32) - 1.0
         return tf.stack([ay / hn, ax / wn, (ay + (samples - 1) * dy) / hn, (ax + (samples - 1) * dx) / wn], axis=1)
 
 
@@ -33,10 +51,12 @@ def roi_align(features, boxes, box_indices, *, stride: float, output_size: int):
 
     Returns ``[N, output_size, output_size, C]``.
     """
-    shape = tf.shape(features)
+    padded = _pad_border(features)
+    shape = tf.shape(padded)
     crop = 2 * output_size
     norm_boxes = tf.stop_gradient(_sampling_boxes(boxes, stride, crop, shape[1], shape[2]))
-    sampled = tf.image.crop_and_resize(features, norm_boxes, tf.cast(box_indices, tf.int32), [crop, crop],
+    # samples outside the padded map (boxes past the image) read 0, as in tensorpack
+    sampled = tf.image.crop_and_resize(padded, norm_boxes, tf.cast(box_indices, tf.int32), [crop, crop],
                                        method="bilinear", extrapolation_value=0.0)
     return tf.nn.avg_pool2d(sampled, 2, 2, padding="VALID")
 

@@ -14,6 +14,11 @@ kernel ``W`` and its BatchNorm ``bn/gamma``, ``bn/beta``, ``bn/mean/EMA``, ``bn/
 
 Anything else in the file (an ImageNet classifier, a step counter) is reported and not loaded.
 A violation is a :class:`WeightsError` that names the variable and the fix.
+
+The files' keys are tensor names (``conv0/W:0``: tensorpack's ``dump_session_params`` and
+``dump-model-params.py`` write ``Variable.name``) or, from some converters, op names (``conv0/W``).
+:func:`variable_names` maps both to the op name once, when a file is read; everything after it
+(the checks, the restore, fine-tuning in train.py) works with op names.
 """
 from __future__ import annotations
 
@@ -45,7 +50,7 @@ def backbone_variable_shapes(*, num_blocks, width: int = 64, block: str = "bottl
     """Names and shapes of a ResNet backbone's variables, in tensorpack's naming.
 
     With the defaults and ``num_blocks=[3, 4, 6, 3]`` (``[3, 4, 23, 3]``) these are exactly the
-    265 (520) entries of ``ImageNet-R50-AlignPadding.npz`` (``-R101-``).
+    265 (520) backbone entries of ``ImageNet-R50-AlignPadding.npz`` (``-R101-``), as op names.
     """
     out: dict[str, tuple] = {}
 
@@ -78,23 +83,6 @@ def backbone_variable_shapes(*, num_blocks, width: int = 64, block: str = "bottl
     return out
 
 
-def write_random_npz(path, shapes: dict[str, tuple], *, seed: int = 0) -> dict[str, np.ndarray]:
-    """An ``.npz`` of float32 random values with these names and shapes (a stand-in for the
-    published files in tests: same names, same shapes, other numbers). Variances are positive."""
-    rng = np.random.default_rng(seed)
-    values = {}
-    for name, shape in shapes.items():
-        if name.endswith("variance/EMA"):
-            values[name] = rng.uniform(0.5, 2.0, size=shape).astype(np.float32)
-        elif name.endswith("/W"):
-            fan_in = int(np.prod(shape[:-1]))
-            values[name] = (rng.normal(size=shape) * np.sqrt(2.0 / fan_in)).astype(np.float32)
-        else:
-            values[name] = rng.normal(scale=0.1, size=shape).astype(np.float32) + (name.endswith("gamma") * 1.0)
-    np.savez(path, **values)
-    return values
-
-
 def norm_kind(names) -> str:
     """What normalisation a weights file was trained with, from its variable names."""
     names = list(names)
@@ -103,6 +91,17 @@ def norm_kind(names) -> str:
     if any("/gn/" in n for n in names):
         return "GroupNorm"
     return "no normalisation"
+
+
+def check_has_backbone(names, *, path: str) -> None:
+    """Refuse a file with no backbone entry at all: its normalisation cannot be told, and what is
+    wrong is the file (another network, a scope prefix such as ``tower0/``), so say that."""
+    names = sorted(names)
+    if not any(BACKBONE_VARIABLE.match(n) for n in names):
+        shown = ", ".join(repr(n) for n in names[:5]) + (", ..." if len(names) > 5 else "")
+        raise WeightsError(
+            f"BACKBONE.WEIGHTS {path} holds no backbone variable (conv0/W, group0/block0/conv1/W, ... in "
+            f"tensorpack's ResNet naming); its {len(names)} entries: {shown or 'none'}")
 
 
 def check_norm(names, *, norm: str, path: str) -> None:
@@ -120,7 +119,8 @@ def plan_restore(file_shapes: dict[str, tuple], model_shapes: dict[str, tuple], 
                  path: str) -> tuple[list[str], list[str]]:
     """``(names to restore, names in the file not loaded)``; raises :class:`WeightsError` when a
     backbone variable of the model is missing or misshapen in the file, or a backbone entry of the
-    file has no variable in the model."""
+    file has no variable in the model. ``file_shapes`` is keyed by op name (:func:`npz_shapes`)."""
+    check_has_backbone(file_shapes, path=path)
     check_norm(file_shapes, norm=norm, path=path)
     model_backbone = {n: s for n, s in model_shapes.items() if BACKBONE_VARIABLE.match(n)}
     missing = sorted(n for n in model_backbone if n not in file_shapes)
@@ -143,9 +143,38 @@ def plan_restore(file_shapes: dict[str, tuple], model_shapes: dict[str, tuple], 
     return sorted(model_backbone), ignored
 
 
+def variable_names(keys, *, path: str) -> dict[str, str]:
+    """``{op name: key}`` for the keys of the weights file ``path``: ``conv0/W:0`` and ``conv0/W``
+    both name variable ``conv0/W`` (a variable's value is output 0 of its op).
+
+    Raises :class:`WeightsError` when two keys name one variable (which value is meant cannot be
+    told; tensorpack's DictRestore would silently keep one) or a key names another output (``:1``),
+    which no variable has."""
+    names: dict[str, str] = {}
+    for key in keys:
+        name = key.removesuffix(":0")
+        if ":" in name:
+            raise WeightsError(f"{path}: {key!r} is not a variable's value (a variable's key is "
+                               "'name' or 'name:0'): not a weights file written from variables")
+        if name in names:
+            raise WeightsError(f"{path} holds {name!r} twice, as {names[name]!r} and {key!r}: "
+                               "which one is the variable's value is ambiguous; keep one of them")
+        names[name] = key
+    return names
+
+
+def read_npz(path: str, names=None) -> dict[str, np.ndarray]:
+    """The arrays of the weights file ``path`` by op name (only ``names`` when given)."""
+    with np.load(path) as f:
+        keys = variable_names(f.files, path=path)
+        wanted = keys if names is None else {n: keys[n] for n in names}
+        return {name: f[key] for name, key in wanted.items()}
+
+
 def npz_shapes(path: str) -> dict[str, tuple]:
-    """Each array's shape from its .npy header alone: the checks before training and before the
-    session read no weights (a backbone file is ~100 MB, often on EFS); only the restore does."""
+    """Each array's shape by op name, from its .npy header alone: the checks before training and
+    before the session read no weights (a backbone file is ~100 MB, often on EFS); only the
+    restore does."""
     import zipfile
     fmt = np.lib.format
     read_header = {(1, 0): fmt.read_array_header_1_0, (2, 0): fmt.read_array_header_2_0}
@@ -160,7 +189,7 @@ def npz_shapes(path: str) -> dict[str, tuple]:
                     with archive.open(member) as whole:
                         shape = fmt.read_array(whole).shape
             shapes[member[:-len(".npy")] if member.endswith(".npy") else member] = tuple(shape)
-    return shapes
+    return {name: shapes[key] for name, key in variable_names(shapes, path=path).items()}
 
 
 def check_weights_file(path: str, cfg) -> None:
@@ -183,6 +212,7 @@ def strict_backbone_init(path: str, *, norm: str):
             names, ignored = plan_restore(npz_shapes(path), {n: tuple(v.shape) for n, v in variables.items()},
                                           norm=norm, path=path)
             self.restored, self.ignored = names, ignored
+            self.model_backbone = sum(1 for n in variables if BACKBONE_VARIABLE.match(n))
             self._feeds = []
             self._assigns = []
             with tf.name_scope("backbone_weights"):
@@ -193,9 +223,10 @@ def strict_backbone_init(path: str, *, norm: str):
                     self._assigns.append(tf1.assign(var, value))
 
         def _run_init(self, sess):
-            with np.load(path) as f:
-                sess.run(self._assigns, {ph: f[name] for name, ph in self._feeds})
-            print(f"backbone weights: restored all {len(self.restored)} backbone variables from {path}"
-                  + (f"; not loaded (not backbone): {', '.join(self.ignored)}" if self.ignored else ""), flush=True)
+            values = read_npz(path, [name for name, _ in self._feeds])
+            sess.run(self._assigns, {ph: values[name] for name, ph in self._feeds})
+            print(f"restored {len(values)} of {self.model_backbone} backbone variables from {path}", flush=True)
+            if self.ignored:
+                print(f"not loaded from {path} (not backbone variables): {', '.join(self.ignored)}", flush=True)
 
     return StrictBackboneInit()
