@@ -129,9 +129,15 @@ def parse_value(raw: Any, *, like: Any, key: str) -> Any:
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"{key} must be a list like {list(like)!r}, got {raw!r}")
         value = type(like)(value) if isinstance(like, tuple) else list(value)
+    elif isinstance(like, str) and key in NAME_OR_LIST_KEYS and isinstance(value, (list, tuple)):
+        value = list(value)
     elif isinstance(like, str) and not isinstance(value, str):
         value = raw if isinstance(raw, str) else str(value)
     return value
+
+
+# Keys whose value is a name or a list (finalize expands the name): "2x" or [240000, 320000, 360000].
+NAME_OR_LIST_KEYS = frozenset({"TRAIN.LR_SCHEDULE"})
 
 
 config = AttrDict()
@@ -176,7 +182,10 @@ _C.TRAIN.WARMUP = 1000        # steps of linear warmup, at any global batch (lar
 _C.TRAIN.WARMUP_INIT_LR = 1e-5
 _C.TRAIN.IMAGES_PER_EPOCH = 120000   # "epoch" = this many images (not a pass over the data)
 _C.TRAIN.STEPS_PER_EPOCH = 0  # derived: IMAGES_PER_EPOCH / global batch
-_C.TRAIN.LR_SCHEDULE = [240000, 320000, 360000]  # step boundaries at global batch 8; last = end
+# Steps at global batch 8 where the LR drops 10x, the last ending training: a list, or one of
+# tensorpack's (Detectron's) names: "1x" = [120000, 160000, 180000] (~12 COCO epochs),
+# "Nx" (N >= 2) = [180N - 120, 180N - 40, 180N] thousand. The default is "2x" = [240000, 320000, 360000].
+_C.TRAIN.LR_SCHEDULE = "2x"
 _C.TRAIN.LR_EPOCH_SCHEDULE = []  # [(epoch, lr_multiplier), ..., (last_epoch, None)]; overrides LR_SCHEDULE
 _C.TRAIN.EVAL_PERIOD = 1      # epochs between COCO evaluations (0 = only at the end)
 _C.TRAIN.CHECKPOINT_PERIOD = 1  # epochs between checkpoints
@@ -354,7 +363,7 @@ def _finalize(cfg: AttrDict, *, num_ranks: int, class_names, has_gpu) -> None:
     cfg.BACKBONE.NORM = norm
     _require(_is_int(cfg.BACKBONE.FREEZE_AT) and 0 <= cfg.BACKBONE.FREEZE_AT <= 5,
              f"BACKBONE.FREEZE_AT must be 0..5, got {cfg.BACKBONE.FREEZE_AT!r}")
-    if not cfg.BACKBONE.WEIGHTS:
+    if not cfg.BACKBONE.WEIGHTS and not cfg.TRAIN.LOAD_MODEL:
         cfg.BACKBONE.FREEZE_AT = 0  # nothing pretrained to protect: train every stage
     _require(cfg.BACKBONE.DATA_FORMAT in DATA_FORMAT_CHOICES,
              f"BACKBONE.DATA_FORMAT must be one of {DATA_FORMAT_CHOICES}, got {cfg.BACKBONE.DATA_FORMAT!r}")
@@ -445,11 +454,15 @@ def _finalize(cfg: AttrDict, *, num_ranks: int, class_names, has_gpu) -> None:
         sched = cfg.TRAIN.LR_SCHEDULE
         _require(isinstance(sched, (list, tuple)) and len(sched) >= 1 and all(_is_int(s) and s > 0 for s in sched)
                  and list(sched) == sorted(set(sched)),
-                 f"TRAIN.LR_SCHEDULE (lr_schedule) must be increasing step counts like [240000, 320000, 360000], got {sched!r}")
+                 f"TRAIN.LR_SCHEDULE (lr_schedule) must be increasing step counts like [240000, 320000, 360000] "
+                 f"or a name such as '1x' or '2x', got {sched!r}")
         # Steps are stated at the reference global batch of 8: fewer, larger steps at a larger batch.
         steps = [max(1, int(round(s / scale))) for s in sched]
         cfg.TRAIN.LR_BOUNDARIES = steps[:-1]
         cfg.TRAIN.LR_MULTIPLIERS = [0.1 ** i for i in range(len(steps))]
+        if isinstance(sched, str):
+            sched = named_schedule(sched)
+        cfg.TRAIN.LR_SCHEDULE = sched
         cfg.TRAIN.MAX_STEPS = steps[-1]
     cfg.TRAIN.MAX_EPOCH = -(-cfg.TRAIN.MAX_STEPS // spe)
     _require(_is_int(cfg.TRAIN.WARMUP) and cfg.TRAIN.WARMUP >= 0, f"TRAIN.WARMUP must be >= 0 steps, got {cfg.TRAIN.WARMUP!r}")
@@ -472,6 +485,18 @@ def learning_rate_at(cfg: AttrDict, step: int) -> float:
     for boundary, m in zip(t.LR_BOUNDARIES, t.LR_MULTIPLIERS[1:]):
         if step >= boundary:
             mult = m
+def named_schedule(name: str) -> list[int]:
+    """tensorpack's (and Detectron's) schedule names as steps at global batch 8: "1x" is
+    [120000, 160000, 180000]; "Nx" for N >= 2 ends at N x 180000 with drops 120000 and 40000 before."""
+    factor = name[:-1] if name.endswith("x") else ""
+    if not factor.isdigit() or int(factor) < 1:
+        raise ConfigError(f"TRAIN.LR_SCHEDULE (lr_schedule) {name!r} is not a schedule name: use '1x', '2x', ... "
+                          f"or increasing step counts like [240000, 320000, 360000]")
+    n = int(factor)
+    kilo = [120, 160, 180] if n == 1 else [180 * n - 120, 180 * n - 40, 180 * n]
+    return [k * 1000 for k in kilo]
+
+
     lr = t.SCALED_LR * mult
     if step < t.WARMUP_STEPS:
         alpha = step / t.WARMUP_STEPS

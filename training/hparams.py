@@ -17,6 +17,7 @@ import ast
 import dataclasses
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -66,13 +67,17 @@ def _int(minimum: int) -> Callable[[str, Any], int]:
     return parse
 
 
-def _lr_schedule(name: str, raw: Any) -> list[int]:
+def _lr_schedule(name: str, raw: Any) -> list[int] | str:
+    text = str(raw).strip().strip("'\"")
+    if re.fullmatch(r"[1-9][0-9]*x", text):   # a schedule name ("1x", "2x", ...), expanded by finalize
+        return text
     value = literal(raw)
     if (not isinstance(value, (list, tuple)) or not value
             or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value)
             or list(value) != sorted(set(value))):
         raise ConfigError(f"hyperparameter {name}={raw!r}: expected increasing step counts such as "
-                          f"'[240000, 320000, 360000]' (LR drops 10x at each but the last, which ends training)")
+                          f"'[240000, 320000, 360000]' (LR drops 10x at each but the last, which ends training) or a name "
+                          f"such as '1x' or '2x'")
     return list(value)
 
 
@@ -162,7 +167,8 @@ HYPERPARAMETERS = {h.name: h for h in (
     Hyperparameter("eval_period", "TRAIN.EVAL_PERIOD", _int(0),
                    "epochs between COCO evaluations during training (0: only at the end)"),
     Hyperparameter("lr_schedule", "TRAIN.LR_SCHEDULE", _lr_schedule,
-                   "learning-rate schedule in training steps, e.g. [240000, 320000, 360000]"),
+                   "learning-rate schedule in training steps at global batch 8, e.g. [240000, 320000, 360000], "
+                   "or a name: 1x = [120000, 160000, 180000], 2x = [240000, 320000, 360000] (the default)"),
     Hyperparameter("lr_epoch_schedule", "TRAIN.LR_EPOCH_SCHEDULE", _lr_epoch_schedule,
                    "learning-rate schedule in epochs, e.g. [(16, 0.1), (20, 0.01), (24, None)]; "
                    "overrides lr_schedule"),

@@ -117,9 +117,8 @@ def main(argv=None) -> int:
                                       PeriodicTrigger, RunUpdateOps)
     from tensorpack.callbacks.monitor import JSONWriter, TFEventWriter
     from tensorpack.tfutils.sessinit import SmartInit
-    from tensorpack.train import HorovodTrainer
 
-    from training import callbacks as cb, collectives
+    from training import callbacks as cb, collectives, gradients
     from training.config import ConfigError, finalize
     from training.data.coco import DatasetError
     from training.data.pipeline import TrainingBatches
@@ -198,9 +197,10 @@ def main(argv=None) -> int:
     data = QueueInput(TrainingBatches(roidb, cfg, seed=cfg.TRAIN.SEED + 7919 * rank), queue=queue)
     if tf.config.list_physical_devices("GPU"):  # lists devices only: creates none, maps nothing
         data = StagingInput(data)  # the next batch's host-to-device copy overlaps this step
-    fp16 = cfg.TRAIN.GRADIENT_COMPRESSION == "fp16" or (
-        cfg.TRAIN.GRADIENT_COMPRESSION == "auto" and size > hvd.local_size())  # auto: across nodes
-    trainer = HorovodTrainer(average=True, compression=hvd.Compression.fp16 if fp16 else None)
+    # the model's optimizer allreduces inside loss scaling (training/gradients.py), not the trainer
+    model.allreduce = gradients.horovod_allreduce(
+        compression=gradients.fp16_compression(cfg.TRAIN.GRADIENT_COMPRESSION, size=size, local_size=hvd.local_size()))
+    trainer = gradients.OptimizerAllreduceTrainer()
     global_batch = cfg.TRAIN.BATCH_SIZE_PER_GPU * size
 
     callbacks = [

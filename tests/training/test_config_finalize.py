@@ -78,3 +78,31 @@ def test_finalized_config_is_frozen():
 
 def test_an_empty_validation_list_trains_without_evaluating():
     assert finalize(_cfg("DATA.VAL=()"), num_ranks=1, has_gpu=False).DATA.VAL == ()
+
+
+@pytest.mark.parametrize("name, steps", [
+    # tensorpack examples/FasterRCNN/config.py: "1x" = Detectron's [120k, 160k, 180k]; its comment
+    # states 3x = [420000, 500000, 540000]; the aws-samples seed trained with [240k, 320k, 360k] = 2x
+    ("1x", [120000, 160000, 180000]), ("2x", [240000, 320000, 360000]), ("3x", [420000, 500000, 540000])])
+def test_schedule_names_are_tensorpacks_presets(name, steps):
+    cfg = finalize(_cfg(f"TRAIN.LR_SCHEDULE={name!r}"), num_ranks=8, has_gpu=False)
+    assert cfg.TRAIN.LR_SCHEDULE == steps
+    assert cfg.TRAIN.LR_BOUNDARIES == steps[:2] and cfg.TRAIN.MAX_STEPS == steps[2]
+    # at global batch 16 the same schedule takes half the steps
+    half = finalize(_cfg(f"TRAIN.LR_SCHEDULE={name!r}", "TRAIN.BATCH_SIZE_PER_GPU=2"), num_ranks=8, has_gpu=False)
+    assert half.TRAIN.MAX_STEPS == steps[2] // 2
+
+
+def test_the_default_schedule_is_2x():
+    assert new_config().TRAIN.LR_SCHEDULE == "2x"
+    with pytest.raises(ConfigError, match=r"'12' is not a schedule name: use '1x', '2x'"):
+        finalize(_cfg("TRAIN.LR_SCHEDULE='12'"), num_ranks=1, has_gpu=False)
+
+
+def test_freeze_at_keeps_its_meaning_when_fine_tuning_from_a_model():
+    """tensorpack freezes FREEZE_AT stages whatever the weights come from; only a run with no pretrained
+    weights at all (nothing to protect) trains every stage."""
+    tuned = finalize(_cfg("TRAIN.LOAD_MODEL='COCO-MaskRCNN-R50FPN2x.npz'"), num_ranks=1, has_gpu=False)
+    assert tuned.BACKBONE.FREEZE_AT == 2
+    scratch = finalize(_cfg(), num_ranks=1, has_gpu=False)
+    assert scratch.BACKBONE.FREEZE_AT == 0

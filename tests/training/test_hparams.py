@@ -59,6 +59,12 @@ def test_booleans(raw, expected):
     assert _applied({"mode_mask": raw}).MODE_MASK is expected
 
 
+@pytest.mark.parametrize("raw", ["1x", "'1x'", '"1x"'])
+def test_lr_schedule_takes_a_schedule_name(raw):
+    cfg = _applied({"lr_schedule": raw})
+    assert cfg.TRAIN.LR_SCHEDULE == "1x"   # expanded by finalize (tests/training/test_config_finalize.py)
+
+
 def test_resnet101_norms_and_lists():
     cfg = _applied({"resnet_arch": "resnet101", "batch_norm": "None", "data_train": "['a', 'b']"})
     assert cfg.BACKBONE.RESNET_NUM_BLOCKS == [3, 4, 23, 3]
@@ -103,6 +109,7 @@ def test_sagemaker_toolkit_hyperparameters_are_skipped():
     ({"mode_mask": "yes"}, r"mode_mask='yes'.*True or False"),
     ({"lr_schedule": "[240000, 320000"}, r"lr_schedule=.*increasing step counts"),
     ({"lr_schedule": "[320000, 240000]"}, r"increasing step counts"),
+    ({"lr_schedule": "0x"}, r"increasing step counts .* or a name such as '1x'"),
     ({"lr_epoch_schedule": "[(16, 0.1), (20, 0.01), (24, 0.001)]"}, r"last pair must be \(final_epoch, None\)"),
     ({"lr_epoch_schedule": "[(16, 0.1), (12, None)]"}, r"epochs are not increasing"),
     ({"lr_epoch_schedule": "[16, 20]"}, r"not an \(epoch, multiplier\) pair"),

@@ -48,6 +48,9 @@ class MaskRCNN(ModelDesc):
         self.cfg = cfg
         self.num_classes = cfg.DATA.NUM_CATEGORY
         self.stats = {}  # metric name -> tensor, printed by the progress logger
+        # set by the trainer: wraps the optimizer so that it averages gradients over the ranks
+        # (training/gradients.py); None when a single process builds its own training op
+        self.allreduce = None
 
     # -------------------------------------------------------------------------------- inputs
     def inputs(self):
@@ -238,18 +241,12 @@ class MaskRCNN(ModelDesc):
 
     # -------------------------------------------------------------------------------- optimizer
     def optimizer(self):
-        from tensorpack.tfutils import optimizer as tp_optimizer
-        from tensorpack.tfutils.gradproc import GlobalNormClip
+        from training.gradients import build_optimizer
         cfg = self.cfg
         lr = tf.identity(learning_rate(cfg, tf1.train.get_or_create_global_step()), name="learning_rate")
         tf1.summary.scalar("learning_rate", lr)
-        opt = tf1.train.MomentumOptimizer(lr, cfg.TRAIN.MOMENTUM)
-        if cfg.TRAIN.GRADIENT_CLIP > 0:
-            opt = tp_optimizer.apply_grad_processors(opt, [GlobalNormClip(cfg.TRAIN.GRADIENT_CLIP)])
-        if cfg.TRAIN.MIXED_PRECISION and _has_gpu():
-            # float16 compute with dynamic loss scaling, through the graph rewrite (GPU only)
-            opt = tf1.mixed_precision.enable_mixed_precision_graph_rewrite(opt)
-        return opt
+        return build_optimizer(tf1.train.MomentumOptimizer(lr, cfg.TRAIN.MOMENTUM), clip=cfg.TRAIN.GRADIENT_CLIP,
+                               allreduce=self.allreduce, mixed_precision=cfg.TRAIN.MIXED_PRECISION and _has_gpu())
 
 
 def _has_gpu() -> bool:

@@ -1,0 +1,64 @@
+"""How one step's gradients are formed across ranks: the order of loss scaling, the allreduce (in fp16
+when compressing) and clipping, in one place.
+
+tensorpack's ``HorovodTrainer`` allreduces what its optimizer's ``compute_gradients`` returns. Under
+mixed precision that optimizer is TensorFlow's loss-scale optimizer, whose ``compute_gradients``
+has already divided the gradients by the loss scale: fp16 compression would then cast unscaled
+gradients to float16, where everything below ~6e-8 becomes 0 — the underflow loss scaling exists to
+prevent. So the allreduce is part of the optimizer chain, between the scaled backward pass and the
+unscaling, and the trainer itself does not allreduce (:class:`OptimizerAllreduceTrainer`):
+
+    LossScale( Clip( Allreduce( Momentum ) ) )
+    compute_gradients: loss x scale -> gradients -> allreduce (fp16 if compressing) -> / scale
+    apply_gradients:   skip the step and lower the scale on inf/nan -> global-norm clip -> update
+
+Without mixed precision the chain is ``Clip( Allreduce( Momentum ) )``: the same allreduce of the
+same gradients as tensorpack's trainer would make.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from tensorpack.train import HorovodTrainer
+
+
+def fp16_compression(setting: str, *, size: int, local_size: int) -> bool:
+    """``TRAIN.GRADIENT_COMPRESSION``: "fp16", "none", or "auto" = fp16 when the ranks span nodes."""
+    return setting == "fp16" or (setting == "auto" and size > local_size)
+
+
+def horovod_allreduce(*, compression: bool) -> Callable:
+    """Wraps an optimizer so that its ``compute_gradients`` averages the gradients over all ranks."""
+    import horovod.tensorflow as hvd
+
+    def wrap(opt):
+        return hvd.DistributedOptimizer(opt, compression=hvd.Compression.fp16 if compression else hvd.Compression.none,
+                                        op=hvd.Average)
+    return wrap
+
+
+def build_optimizer(base, *, clip: float = 0.0, allreduce: Callable | None = None, mixed_precision: bool = False):
+    """The chain above around ``base`` (a ``tf.compat.v1`` optimizer). ``allreduce``: from
+    :func:`horovod_allreduce`, or None in a single process that builds its own training op."""
+    from tensorpack.tfutils import optimizer as tp_optimizer
+    from tensorpack.tfutils.gradproc import GlobalNormClip
+
+    from training.compat import tf1
+    opt = allreduce(base) if allreduce else base
+    if clip > 0:
+        opt = tp_optimizer.apply_grad_processors(opt, [GlobalNormClip(clip)])
+    if mixed_precision:
+        # float16 compute through grappler's AMP rewrite (GPU) and dynamic loss scaling around the chain
+        opt = tf1.mixed_precision.enable_mixed_precision_graph_rewrite(opt)
+    return opt
+
+
+class OptimizerAllreduceTrainer(HorovodTrainer):
+    """tensorpack's Horovod trainer (rank setup, variable broadcast, GPU pinning) for a model whose
+    optimizer allreduces its gradients itself (:func:`build_optimizer`)."""
+
+    def __init__(self):
+        super().__init__(average=True)
+
+    def allreduce(self, grads):
+        return grads
