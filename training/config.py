@@ -452,6 +452,9 @@ def _finalize(cfg: AttrDict, *, num_ranks: int, class_names, has_gpu) -> None:
         cfg.TRAIN.MAX_STEPS = epochs[-1] * spe
     else:
         sched = cfg.TRAIN.LR_SCHEDULE
+        if isinstance(sched, str):
+            sched = named_schedule(sched)
+        cfg.TRAIN.LR_SCHEDULE = sched
         _require(isinstance(sched, (list, tuple)) and len(sched) >= 1 and all(_is_int(s) and s > 0 for s in sched)
                  and list(sched) == sorted(set(sched)),
                  f"TRAIN.LR_SCHEDULE (lr_schedule) must be increasing step counts like [240000, 320000, 360000] "
@@ -460,9 +463,6 @@ def _finalize(cfg: AttrDict, *, num_ranks: int, class_names, has_gpu) -> None:
         steps = [max(1, int(round(s / scale))) for s in sched]
         cfg.TRAIN.LR_BOUNDARIES = steps[:-1]
         cfg.TRAIN.LR_MULTIPLIERS = [0.1 ** i for i in range(len(steps))]
-        if isinstance(sched, str):
-            sched = named_schedule(sched)
-        cfg.TRAIN.LR_SCHEDULE = sched
         cfg.TRAIN.MAX_STEPS = steps[-1]
     cfg.TRAIN.MAX_EPOCH = -(-cfg.TRAIN.MAX_STEPS // spe)
     _require(_is_int(cfg.TRAIN.WARMUP) and cfg.TRAIN.WARMUP >= 0, f"TRAIN.WARMUP must be >= 0 steps, got {cfg.TRAIN.WARMUP!r}")
@@ -478,13 +478,6 @@ def _finalize(cfg: AttrDict, *, num_ranks: int, class_names, has_gpu) -> None:
              f"TRAIN.GRADIENT_CLIP must be >= 0 (0 = off), got {cfg.TRAIN.GRADIENT_CLIP!r}")
 
 
-def learning_rate_at(cfg: AttrDict, step: int) -> float:
-    """The LR of a finalized config at a global step (NumPy mirror of the in-graph schedule)."""
-    t = cfg.TRAIN
-    mult = t.LR_MULTIPLIERS[0]
-    for boundary, m in zip(t.LR_BOUNDARIES, t.LR_MULTIPLIERS[1:]):
-        if step >= boundary:
-            mult = m
 def named_schedule(name: str) -> list[int]:
     """tensorpack's (and Detectron's) schedule names as steps at global batch 8: "1x" is
     [120000, 160000, 180000]; "Nx" for N >= 2 ends at N x 180000 with drops 120000 and 40000 before."""
@@ -497,6 +490,13 @@ def named_schedule(name: str) -> list[int]:
     return [k * 1000 for k in kilo]
 
 
+def learning_rate_at(cfg: AttrDict, step: int) -> float:
+    """The LR of a finalized config at a global step (NumPy mirror of the in-graph schedule)."""
+    t = cfg.TRAIN
+    mult = t.LR_MULTIPLIERS[0]
+    for boundary, m in zip(t.LR_BOUNDARIES, t.LR_MULTIPLIERS[1:]):
+        if step >= boundary:
+            mult = m
     lr = t.SCALED_LR * mult
     if step < t.WARMUP_STEPS:
         alpha = step / t.WARMUP_STEPS
