@@ -140,6 +140,9 @@ def main(argv=None) -> int:
         if backbone_weights.endswith(".npz"):  # every backbone variable, right norm, or stop here
             from training.model.weights import check_weights_file
             check_weights_file(backbone_weights, cfg)
+        if load_model.endswith(".npz"):  # its keys name variables unambiguously, or stop here
+            from training.model.weights import npz_shapes
+            npz_shapes(load_model)
     except (ConfigError, DatasetError) as err:
         error = f"error: {err}" + (f" (rank {rank})" if size > 1 else "")
     # every rank stops on any rank's error (rank 0's file check included), or none does

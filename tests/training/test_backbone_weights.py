@@ -252,7 +252,7 @@ def test_fine_tuning_refuses_a_file_with_both_key_forms(tf_session, tmp_path):
 
 
 # ------------------------------------------------------------------ the trainer's real path
-def _train_with_weights(tmp_path, norm):
+def _train_with_weights(tmp_path, norm, *extra):
     """``python -m training.train`` for one step of the CPU preset with BatchNorm backbone weights."""
     import os
     import subprocess
@@ -268,8 +268,8 @@ def _train_with_weights(tmp_path, norm):
         [sys.executable, "-m", "training.train", "--logdir", str(tmp_path / "log"), "--preset", "cpu_synthetic",
          "--config", f"DATA.BASEDIR={str(tmp_path / 'data')!r}", f"BACKBONE.WEIGHTS={str(tmp_path / 'bn.npz')!r}",
          f"BACKBONE.NORM={norm!r}", "TRAIN.IMAGES_PER_EPOCH=2", "TRAIN.LR_EPOCH_SCHEDULE=[(1, None)]",
-         "PREPROC.TRAIN_SHORT_EDGE_SIZE=[64, 64]", "PREPROC.TEST_SHORT_EDGE_SIZE=64", "PREPROC.MAX_SIZE=64"],
-        cwd=repo, env=env, capture_output=True, text=True, timeout=600)
+         "PREPROC.TRAIN_SHORT_EDGE_SIZE=[64, 64]", "PREPROC.TEST_SHORT_EDGE_SIZE=64", "PREPROC.MAX_SIZE=64",
+         *extra], cwd=repo, env=env, capture_output=True, text=True, timeout=600)
 
 
 def test_training_with_gn_and_batchnorm_weights_stops_before_training(tmp_path):
@@ -278,6 +278,16 @@ def test_training_with_gn_and_batchnorm_weights_stops_before_training(tmp_path):
     proc = _train_with_weights(tmp_path, "GN")
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "trained with BatchNorm, which fits BACKBONE.NORM=FreezeBN or SyncBN, not BACKBONE.NORM=GN" in proc.stderr
+
+
+def test_training_stops_before_building_on_an_ambiguous_model_file(tmp_path):
+    """A TRAIN.LOAD_MODEL file holding one variable under both key forms stops the run at start-up
+    (exit 2, one line naming the file and both keys), not with a traceback on every rank later."""
+    model = _tiny_file(tmp_path, ["conv0/W", "conv0/W:0"])
+    proc = _train_with_weights(tmp_path, "FreezeBN", f"TRAIN.LOAD_MODEL={str(model)!r}")
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "holds 'conv0/W' twice, as 'conv0/W' and 'conv0/W:0'" in proc.stderr
+    assert "Traceback" not in proc.stderr
 
 
 @pytest.mark.slow
