@@ -12,6 +12,7 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parent
 # name -> arguments; ordered cheapest first so a partial run still yields figures.
 BENCHMARKS = {
+    "batch_padding": [],
     "input_pipeline": [],
     "train_throughput": [],
     "synth_time": [],

@@ -159,6 +159,9 @@ _C.DATA.NUM_CATEGORY = 0      # derived from the training annotations in finaliz
 _C.DATA.CLASS_NAMES = []      # derived: ["BG", ...category names]
 _C.DATA.NUM_WORKERS = 2       # input worker processes per rank (fresh interpreters, no TF); 0: in the trainer
 _C.DATA.QUEUE_BATCHES = 3     # prepared batches queued per rank (host RAM: docs/training.md; 50 held ~4 GB)
+# With several images per rank, landscape and portrait images go in separate batches (detectron2's
+# default): a mixed batch pads every image to the long side both ways (docs/training.md)
+_C.DATA.ASPECT_RATIO_GROUPING = True
 
 # ---------------------------------------------------------------------------------------------
 # Backbone
@@ -338,6 +341,10 @@ def _finalize(cfg: AttrDict, *, num_ranks: int, class_names, has_gpu) -> None:
              f"DATA.NUM_WORKERS must be >= 0 (0: prepare images in the training process), got {cfg.DATA.NUM_WORKERS!r}")
     _require(_is_int(cfg.DATA.QUEUE_BATCHES) and cfg.DATA.QUEUE_BATCHES >= 1,
              f"DATA.QUEUE_BATCHES must be >= 1, got {cfg.DATA.QUEUE_BATCHES!r}")
+    _require(isinstance(cfg.DATA.ASPECT_RATIO_GROUPING, bool),
+             f"DATA.ASPECT_RATIO_GROUPING must be True or False, got {cfg.DATA.ASPECT_RATIO_GROUPING!r}")
+    # the image order and every augmentation draw derive from it (training/data/batch_order.py)
+    _require(_is_int(cfg.TRAIN.SEED) and cfg.TRAIN.SEED >= 0, f"TRAIN.SEED must be an integer >= 0, got {cfg.TRAIN.SEED!r}")
     _require(cfg.TRAIN.GRADIENT_COMPRESSION in GRADIENT_COMPRESSION_CHOICES,
              f"TRAIN.GRADIENT_COMPRESSION must be one of {GRADIENT_COMPRESSION_CHOICES}, "
              f"got {cfg.TRAIN.GRADIENT_COMPRESSION!r}")

@@ -54,6 +54,7 @@ def load_run_config(logdir: Path, overrides):
         raise SystemExit(f"error: {path} is missing: predict needs the config the model was trained with")
     saved = json.loads(path.read_text())
     category_ids = {int(k): int(v) for k, v in saved.pop("_category_ids", {}).items()}
+    saved.pop("_resumed_from", None)  # where the run resumed from (training/resume.py), not a config key
     cfg = new_config()
 
     def apply(node: AttrDict, values: dict, prefix=""):

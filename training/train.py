@@ -47,7 +47,8 @@ def load_data(cfg, *, validate_files: bool = True):
     COCO). Rank 0 does it; the other ranks only read the annotations and wait for its verdict.
     """
     from training.data.coco import load_split, load_splits
-    train = load_splits(cfg.DATA.BASEDIR, cfg.DATA.TRAIN, validate=validate_files)
+    # the records only: pycocotools' index of the training file would hold the annotations twice
+    train = load_splits(cfg.DATA.BASEDIR, cfg.DATA.TRAIN, validate=validate_files, keep_coco=False)
     roidb = [r for split in train for r in split.training_roidb()]
     if not cfg.DATA.VAL:
         return train[0], roidb, None
@@ -116,12 +117,13 @@ def main(argv=None) -> int:
     from tensorpack.callbacks import (MergeAllSummaries, ModelSaver, MovingAverageSummary,
                                       PeriodicTrigger, RunUpdateOps)
     from tensorpack.callbacks.monitor import JSONWriter, TFEventWriter
-    from tensorpack.tfutils.sessinit import SmartInit
+    from tensorpack.tfutils.sessinit import ChainInit, SmartInit
 
     from training import callbacks as cb, collectives, gradients
     from training.config import ConfigError, finalize
     from training.data.coco import DatasetError
     from training.data.pipeline import TrainingBatches
+    from training.resume import RESUMED_FROM, plan as plan_resume, resumed_from, set_global_step
     from training.model.generalized_rcnn import MaskRCNN
 
     hvd.init()
@@ -129,11 +131,14 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.INFO, format=f"[rank {rank}] %(levelname)s %(name)s: %(message)s")
     # Before the trainer's session, collectives run in sessions that create no GPU device
     # (training/collectives.py): the trainer's session alone maps GPU:0 to this rank's GPU.
-    error = None
+    error, resume = None, None
+    logdir = os.path.abspath(args.logdir)
     try:
         cfg = build_config(args.config, preset=args.preset)
         train_split, roidb, val_split = load_data(cfg, validate_files=rank == 0)
         finalize(cfg, num_ranks=size, class_names=train_split.class_names)
+        if rank == 0:  # the checkpoint, and the global batch its step counts (config.json)
+            resume = plan_resume(logdir, cfg)
         load_model = resolve_weights(cfg.TRAIN.LOAD_MODEL, cfg.DATA.BASEDIR, "TRAIN.LOAD_MODEL (load_model)")
         backbone_weights = resolve_weights(cfg.BACKBONE.WEIGHTS, cfg.DATA.BASEDIR,
                                            "BACKBONE.WEIGHTS (backbone_weights)")
@@ -155,9 +160,8 @@ def main(argv=None) -> int:
         if not tf.config.list_physical_devices("GPU"):
             print("note: TRAIN.MIXED_PRECISION / TRAIN.XLA apply on GPU only; ignored on this CPU run", flush=True)
 
-    logdir = os.path.abspath(args.logdir)
-    ckpt, step = cb.resume_step(logdir) if rank == 0 else (None, 0)
-    ckpt, step = collectives.broadcast_object((ckpt, step), name="resume_state")
+    resume = collectives.broadcast_object(resume, name="resume_state")
+    ckpt, step = (resume.checkpoint, resume.step) if resume else (None, 0)
     spe = cfg.TRAIN.STEPS_PER_EPOCH
     if step >= cfg.TRAIN.MAX_STEPS:
         if rank == 0:
@@ -167,17 +171,21 @@ def main(argv=None) -> int:
     if rank == 0:
         tp_logger.set_logger_dir(logdir, action="k")
         with open(os.path.join(logdir, cb.CONFIG_FILE + ".tmp"), "w") as f:
-            json.dump({**cfg.to_dict(), "_category_ids": train_split.contiguous_to_coco_id}, f, indent=1, default=str)
+            resumed = {RESUMED_FROM: resumed_from(ckpt, resume.saved)} if resume else {}
+            json.dump({**cfg.to_dict(), "_category_ids": train_split.contiguous_to_coco_id, **resumed}, f,
+                      indent=1, default=str)
         os.replace(os.path.join(logdir, cb.CONFIG_FILE + ".tmp"), os.path.join(logdir, cb.CONFIG_FILE))
         print(f"training on {size} rank(s), {cfg.TRAIN.BATCH_SIZE_PER_GPU} image(s) per rank, "
               f"{len(roidb)} training images; {cfg.TRAIN.MAX_STEPS} steps = {cfg.TRAIN.MAX_EPOCH} epochs of {spe}; "
-              f"LR {cfg.TRAIN.SCALED_LR:g}" + (f"; resuming from {ckpt} at step {step}" if ckpt else ""), flush=True)
+              f"LR {cfg.TRAIN.SCALED_LR:g}" + (f"; {resume.message}" if resume else ""), flush=True)
         if val_split is None:
             print("DATA.VAL is empty: this run does not evaluate (evaluate a checkpoint later with "
                   "python -m training.predict --split S --evaluate)", flush=True)
 
     if ckpt:
         session_init = SmartInit(ckpt)
+        if step != resume.saved_step:  # another global batch: the step of the same images seen
+            session_init = ChainInit([session_init, set_global_step(step)])
     elif load_model:
         print(f"fine-tuning from {load_model}", flush=True)
         session_init = pretrained_init(load_model)
@@ -197,7 +205,7 @@ def main(argv=None) -> int:
     model = MaskRCNN(cfg)
     # A few batches queued, not tensorpack's default 50: host memory per rank (docs/training.md)
     queue = tf1.FIFOQueue(cfg.DATA.QUEUE_BATCHES, [s.dtype for s in model.inputs()], name="input_queue")
-    data = QueueInput(TrainingBatches(roidb, cfg, seed=cfg.TRAIN.SEED + 7919 * rank), queue=queue)
+    data = QueueInput(TrainingBatches(roidb, cfg, seed=cfg.TRAIN.SEED, rank=rank, start_step=step), queue=queue)
     if tf.config.list_physical_devices("GPU"):  # lists devices only: creates none, maps nothing
         data = StagingInput(data)  # the next batch's host-to-device copy overlaps this step
     # the model's optimizer allreduces inside loss scaling (training/gradients.py), not the trainer

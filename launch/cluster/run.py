@@ -9,7 +9,9 @@ launch_command). When training fails (a node died, a rank stalled), the run wait
 again has as many healthy ranks as the run was started with (the auto-scaling group replaces a
 terminated node; a restarted container comes back), then starts again and training.train resumes
 from the latest checkpoint in the same log directory on EFS, with the same global batch and
-learning-rate schedule. Continuing on fewer ranks changes both, so it needs --allow-fewer-ranks.
+learning-rate schedule. Continuing on fewer ranks changes the global batch (training.train then
+continues the schedule by images seen, at the LR of the smaller batch), so it needs
+--allow-fewer-ranks.
 
 Where training reads COCO (``choose_data``): ``--data-dir`` when given; else the FSx for Lustre
 file system at /fsx when the stack has one and the dataset is there (the seed's order: Lustre
@@ -189,15 +191,16 @@ def wait_for_ranks(discover, check, *, wanted: int | None, allow_fewer: bool, wa
             return chosen
         have = ranks(ok)
         if allow_fewer and have < wanted:
-            print(f"continuing on {have} of the run's {wanted} ranks (--allow-fewer-ranks): the global batch "
-                  f"and the learning-rate schedule in steps change with the rank count", file=sys.stderr, flush=True)
+            print(f"continuing on {have} of the run's {wanted} ranks (--allow-fewer-ranks): a smaller global batch "
+                  f"and LR; training continues the schedule at the step of the images already seen",
+                  file=sys.stderr, flush=True)
             return ok
         deadline = deadline if deadline is not None else clock() + wait_s
         if clock() + poll_s > deadline:
             raise LaunchError(f"the run trained on {wanted} ranks and the cluster has {have} healthy rank(s) after "
                               f"waiting {wait_s:.0f} s: resuming on another count would change the global batch and "
-                              f"the learning-rate schedule. Fix or replace the nodes and rerun the same command, "
-                              f"pass --allow-fewer-ranks to continue anyway, or use a new --run-name")
+                              f"the LR (the schedule continues by images seen). Fix or replace the nodes and rerun "
+                              f"the same command, pass --allow-fewer-ranks to continue anyway, or use a new --run-name")
         print(f"the run trained on {wanted} ranks, {have} are healthy now: waiting for the cluster to be whole "
               f"(next check in {poll_s:.0f} s, giving up after {wait_s:.0f} s; --allow-fewer-ranks continues "
               f"without them)", file=sys.stderr, flush=True)
@@ -222,7 +225,8 @@ def main(argv: list[str] | None = None, runner: health.CommandRunner | None = No
     p.add_argument("--node-wait", type=float, default=3600.0,
                    help="seconds to wait for the cluster to have the run's rank count again before giving up")
     p.add_argument("--allow-fewer-ranks", action="store_true",
-                   help="resume on fewer ranks than the run trained with (changes the global batch and LR schedule)")
+                   help="resume on fewer ranks than the run trained with (a smaller global batch and LR; the "
+                        "schedule continues by images seen)")
     p.add_argument("--min-nodes", type=int, default=1)
     p.add_argument("--cluster-env", default=CLUSTER_ENV)
     p.add_argument("--dry-run", action="store_true", help="check nodes and print the command; start nothing")

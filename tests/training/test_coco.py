@@ -83,7 +83,8 @@ def test_non_contiguous_ids_crowd_rle_and_degenerate_boxes(tmp_path):
     assert record["class"].tolist() == [2, 1, 2] and record["is_crowd"].tolist() == [0, 0, 1]
     rle = record["segmentation"][2]
     assert rle["size"] == [40, 50] and isinstance(rle["counts"], bytes)
-    assert isinstance(record["segmentation"][0][0], list)
+    polygon = record["segmentation"][0][0]
+    assert polygon.dtype == np.float64 and polygon.tolist() == [10, 5, 30, 5, 30, 15, 10, 15]
 
 
 def test_missing_annotation_file_names_paths_and_layout(tmp_path):
@@ -132,3 +133,26 @@ def test_splits_must_share_categories(tmp_path, shapes):
     (tmp_path / "val2017").symlink_to(shapes / "val2017")
     with pytest.raises(coco.DatasetError, match="different categories"):
         coco.load_splits(tmp_path, ["train2017", "val2017"])
+
+
+def test_the_trainer_keeps_the_training_annotations_once(shapes):
+    """What training.train.load_data returns holds the records, not also pycocotools' COCO object
+    of the parsed file (its annotation dicts, polygons as Python floats), and the records' polygons
+    are compact arrays (8 bytes a number, not a 24-byte float and an 8-byte list slot)."""
+    import gc
+    import weakref
+
+    from pycocotools.coco import COCO
+    from training.config import new_config
+    from training.train import load_data
+    cfg = new_config()
+    cfg.update_args([f"DATA.BASEDIR={str(shapes)!r}", "DATA.TRAIN=('train2017',)", "DATA.VAL=()"])
+    gc.collect()
+    existing = {id(o) for o in gc.get_objects() if isinstance(o, COCO)}
+    kept = load_data(cfg)
+    gc.collect()
+    alive = [weakref.ref(o) for o in gc.get_objects() if isinstance(o, COCO) and id(o) not in existing]
+    assert not alive, "a COCO object of the training annotations outlives load_data"
+    roidb = kept[1]
+    polygons = [p for r in roidb for segm in r["segmentation"] if isinstance(segm, list) for p in segm]
+    assert polygons and all(isinstance(p, np.ndarray) and p.dtype == np.float64 for p in polygons)

@@ -136,6 +136,28 @@ def test_coco_scale_batches(coco_split):
     assert np.array_equal(read_image(record["file_name"]), cv2.imread(record["file_name"], cv2.IMREAD_COLOR))
 
 
+def test_grouped_batches_hold_one_orientation(coco_split):
+    """By default landscape and portrait images (the fixture's COCO sizes: 4 landscape, 2 portrait)
+    never share a batch, so a batch is padded along its long side only; DATA.ASPECT_RATIO_GROUPING=False
+    mixes them (same seed)."""
+    from training.data.pipeline import TrainingBatches
+    small = ["PREPROC.TRAIN_SHORT_EDGE_SIZE=[64, 64]", "PREPROC.TEST_SHORT_EDGE_SIZE=64", "PREPROC.MAX_SIZE=128",
+             "DATA.NUM_WORKERS=0"]
+    mixed = {}
+    for grouping in (True, False):
+        cfg = _cfg(coco_split, *small, f"DATA.ASPECT_RATIO_GROUPING={grouping}")
+        mixed[grouping] = 0
+        for batch in itertools.islice(iter(TrainingBatches(coco_split.training_roidb(), cfg, seed=1)), 10):
+            images, image_hw = batch[0], batch[1]
+            landscape = image_hw[:, 1] > image_hw[:, 0]
+            if landscape.all() or not landscape.any():
+                # padded to the images' own orientation: 64 px short side, up to 96 px long side
+                assert images.shape[1:3] == ((64, 96) if landscape.all() else (96, 64))
+            else:
+                mixed[grouping] += 1
+    assert mixed == {True: 0, False: mixed[False]} and mixed[False] > 0
+
+
 def test_host_memory_per_batch_is_bounded(coco_split):
     """uint8 images and packed masks: a COCO batch of 4 is a fraction of the float32 / byte-mask form."""
     from training.data.pipeline import TrainingBatches

@@ -56,6 +56,8 @@ def test_epoch_schedule_and_warmup():
     ("MRCNN.MASK_SIZE=27", "MASK_SIZE"),
     ("TRAIN.IMAGES_PER_EPOCH=0", "IMAGES_PER_EPOCH"),
     ("DATA.TRAIN=()", "DATA.TRAIN must name at least one split"),
+    ("DATA.ASPECT_RATIO_GROUPING=1", "DATA.ASPECT_RATIO_GROUPING must be True or False"),
+    ("TRAIN.SEED=-1", "TRAIN.SEED must be an integer >= 0"),
     ("DATA.VAL=('',)", "DATA.VAL must be a list of split names .* or () to train without evaluating"),
 ])
 def test_bad_values_are_rejected_with_a_message(override, message):

@@ -92,6 +92,19 @@ def test_same_batches_for_any_worker_count(split):
             np.testing.assert_array_equal(u, v)
 
 
+def test_a_resumed_pipeline_with_workers_continues_the_sequence(split):
+    """Started at step 5 with 2 workers: the batches an uninterrupted in-process run gives at steps 5, 6."""
+    from training.data.pipeline import TrainingBatches
+    roidb = split.training_roidb()
+    expected = [[a.copy() for a in batch]
+                for batch in itertools.islice(iter(TrainingBatches(roidb, _cfg(split, 0), seed=11, rank=3)), 7)]
+    resumed = iter(TrainingBatches(roidb, _cfg(split, 2), seed=11, rank=3, start_step=5))
+    for want, got in zip(expected[5:], resumed):
+        for u, v in zip(want, got):
+            np.testing.assert_array_equal(u, v)
+    resumed.close()
+
+
 def test_workers_stop_when_the_iterator_is_closed_or_collected(split):
     from training.data.pipeline import TrainingBatches
     before = _children(os.getpid())

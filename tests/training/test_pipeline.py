@@ -85,6 +85,27 @@ def test_same_seed_same_batches(split):
             np.testing.assert_array_equal(u, v)
 
 
+def _copies(batches, n):
+    return [[a.copy() for a in batch] for batch in itertools.islice(batches, n)]
+
+
+def test_a_resumed_pipeline_starts_at_the_batch_of_that_step(split):
+    """Started at step S, the first batch is the uninterrupted run's batch S (0-based), draws
+    included (short edges in [72, 88], flips, RPN samples), not the run's first batch again."""
+    from training.data.pipeline import TrainingBatches
+    cfg = _cfg(split, "TRAIN.BATCH_SIZE_PER_GPU=2", "DATA.NUM_WORKERS=0")
+    roidb = split.training_roidb()
+    assert len(roidb) == 6  # 3 batches a pass over the data: step 4 is in the second pass, step 7 in the third
+    uninterrupted = _copies(iter(TrainingBatches(roidb, cfg, seed=3, rank=1)), 9)
+    for step in (1, 4, 7):
+        resumed = _copies(iter(TrainingBatches(roidb, cfg, seed=3, rank=1, start_step=step)), 2)
+        for want, got in zip(uninterrupted[step] + uninterrupted[step + 1], resumed[0] + resumed[1]):
+            np.testing.assert_array_equal(want, got)
+        first, now = uninterrupted[0], resumed[0]
+        assert first[0].shape != now[0].shape or np.any(first[0] != now[0])   # images
+        assert np.any(first[7] != now[7])                                      # sampled anchors
+
+
 def test_missing_image_is_a_clear_error(split, tmp_path):
     from training.data.pipeline import ImageReadError, read_image
     with pytest.raises(ImageReadError, match="cannot read image"):

@@ -3,6 +3,7 @@
 The trainer runs as a subprocess (``python -m training.train``; Horovod with one process), the
 way horovodrun starts it. Module-scoped: the first run's log dir feeds resume and predict.
 """
+import hashlib
 import json
 import os
 import re
@@ -100,12 +101,41 @@ def test_resume_continues_at_the_saved_step(trained, tiny_dataset):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     saved, last = 2 * STEPS_PER_EPOCH, 3 * STEPS_PER_EPOCH
     assert f"at step {saved}" in proc.stdout  # "resuming from .../model-4 at step 4"
+    # the data continues too: batch 4 of the rank's sequence, not its first again (test_pipeline.py)
+    assert f"the input continues at step {saved}, in pass 1 over the training images" in proc.stderr
     steps = [int(m.group(1)) for m in re.finditer(rf"^step (\d+)/{last} ", proc.stdout, re.M)]
     assert steps and steps[0] == saved + 1 and steps[-1] == last
     assert (logdir / f"model-{last}.index").exists()
     # a finished schedule is not trained again
     again = run_module("training.train", *train_args(logdir, tiny_dataset, 3))
     assert again.returncode == 0 and "nothing to train" in again.stdout
+
+
+@pytest.mark.slow
+def test_resume_with_another_global_batch_continues_by_images_seen(trained, tiny_dataset, tmp_path):
+    """model-4 of the 2-image-a-step run (8 images seen) resumed at 1 image a step continues at step 8
+    of the same 4-image epochs (the global step is set to it), and config.json records that model-4
+    counts steps of 2 images."""
+    logdir, _ = trained
+    resumed = tmp_path / "log"
+    resumed.mkdir()
+    for f in [*logdir.glob("model-4.*"), logdir / "config.json"]:
+        (resumed / f.name).write_bytes(f.read_bytes())
+    (resumed / "checkpoint").write_text('model_checkpoint_path: "model-4"\nall_model_checkpoint_paths: "model-4"\n')
+    proc = run_module("training.train", *train_args(resumed, tiny_dataset, 3, "DATA.VAL=()",
+                                                    "TRAIN.BATCH_SIZE_PER_GPU=1"))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "1 rank(s) x 2 image(s) (global batch 2)" in proc.stdout and "1 rank(s) x 1 image(s)" in proc.stdout
+    assert "its step 4 (8 images) continues as step 8" in proc.stdout
+    last = 3 * 4  # 3 epochs of 4 one-image steps
+    steps = [int(m.group(1)) for m in re.finditer(rf"^step (\d+)/{last} ", proc.stdout, re.M)]
+    assert steps[0] == 9 and steps[-1] == last
+    assert (resumed / f"model-{last}.index").exists()
+    saved = json.loads((resumed / "config.json").read_text())
+    assert saved["TRAIN"]["BATCH_SIZE_PER_GPU"] == 1
+    digest = hashlib.sha256((resumed / "model-4.index").read_bytes()).hexdigest()
+    assert saved["_resumed_from"] == {"checkpoint": "model-4", "index_sha256": digest, "num_gpus": 1,
+                                      "batch_size_per_gpu": 2}
 
 
 @pytest.mark.slow

@@ -14,11 +14,12 @@ A split name resolves to files in this order (the first whose annotation file ex
 Each record of :attr:`CocoSplit.roidb` holds ``file_name`` (absolute path), ``image_id``,
 ``height``, ``width``, ``boxes`` float32 [N, 4] (x1, y1, x2, y2 in absolute pixels, clipped to the
 image), ``class`` int32 [N] (contiguous 1..C; 0 is background), ``is_crowd`` int8 [N] and
-``segmentation``: per instance either a list of polygons (each a flat [x0, y0, x1, y1, ...] float
-list) or, where the file stores the instance as RLE (crowd regions, occluded synthetic shapes), a
-compressed RLE dict ``{"size": [h, w], "counts": bytes}``. ``training.data.augment`` turns both into
-binary masks. Instances with a degenerate box (no area after clipping) are dropped, and so are
-non-crowd polygon instances with no polygon of at least three points.
+``segmentation``: per instance either a list of polygons (each a flat float64 array
+[x0, y0, x1, y1, ...] of the file's numbers) or, where the file stores the instance as RLE (crowd
+regions, occluded synthetic shapes), a compressed RLE dict ``{"size": [h, w], "counts": bytes}``.
+``training.data.augment`` turns both into binary masks. Instances with a degenerate box (no area
+after clipping) are dropped, and so are non-crowd polygon instances with no polygon of at least
+three points.
 """
 from __future__ import annotations
 
@@ -87,7 +88,7 @@ class CocoSplit:
     name: str
     annotation_file: Path
     image_dir: Path
-    coco: COCO
+    coco: COCO | None                       # pycocotools' index of the file, for COCOeval; None: not kept
     roidb: list[dict]
     class_names: list[str]                  # ["BG", category names in category-id order]
     contiguous_to_coco_id: dict[int, int]   # 1..C -> COCO category id
@@ -104,12 +105,15 @@ class CocoSplit:
 
 
 def load_split(basedir: str | os.PathLike, split: str, *, validate: bool = True,
-               require_annotations: bool = True) -> CocoSplit:
+               require_annotations: bool = True, keep_coco: bool = True) -> CocoSplit:
     """Read ``split`` under ``basedir``; every problem is raised here, before any training starts.
 
     ``validate`` checks that every listed image file exists (one ``os.path.isfile`` per image);
     without it only the image directory and the first image are checked.
     ``require_annotations`` rejects a split without a single usable instance (a training split).
+    ``keep_coco=False`` drops pycocotools' ``COCO`` object (the parsed file) once the records are
+    built: training needs the records only, and the object is most of the memory (host memory
+    per rank in docs/training.md).
     """
     ann_file, image_dir = resolve_split(basedir, split)
     try:
@@ -151,7 +155,7 @@ def load_split(basedir: str | os.PathLike, split: str, *, validate: bool = True,
     if require_annotations and not any(np.any(r["is_crowd"] == 0) for r in roidb):
         raise DatasetError(f"{ann_file} has {len(roidb)} images but no usable (non-crowd, non-empty) "
                            f"annotations: nothing to train on")
-    return CocoSplit(split, ann_file, image_dir, coco, roidb, class_names,
+    return CocoSplit(split, ann_file, image_dir, coco if keep_coco else None, roidb, class_names,
                      contiguous_to_coco_id, coco_id_to_contiguous)
 
 
@@ -219,6 +223,7 @@ def _segmentation(seg, height: int, width: int):
         return {"size": [int(v) for v in seg["size"]],
                 "counts": counts.encode("ascii") if isinstance(counts, str) else counts}
     if isinstance(seg, list):
-        polygons = [[float(v) for v in p] for p in seg if len(p) >= 6 and len(p) % 2 == 0]
+        # one array a polygon: parsed, each number is a Python float (24 bytes and a list slot of 8)
+        polygons = [np.asarray(p, np.float64) for p in seg if len(p) >= 6 and len(p) % 2 == 0]
         return polygons or None
     return None

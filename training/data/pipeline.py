@@ -5,8 +5,9 @@ worker processes (``training.data.workers``: fresh interpreters without TensorFl
 the trainer), each writing its image straight into a shared batch buffer; ``NUM_WORKERS=0`` does
 the same work in this process (for debuggers and profilers). Batches leave as the model takes
 them: BGR uint8 images and bit-packed masks (``training.data.packed_masks``), a small fraction
-of float32 images and byte masks. Each rank shuffles with its own seed, so ranks see different
-images; the batches depend on the seed only, not on the worker count.
+of float32 images and byte masks. Which images form a batch, and their random draws, follow from
+(seed, rank, step) alone (``training.data.batch_order``): ranks see different images, a resumed run
+continues the sequence, and the worker count changes nothing.
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from tensorpack.dataflow import DataFlow
 
 from training.data import augment
 from training.data.batch_layout import AnchorCache, BatchLayout, anchor_count, fill_slot, place_example
+from training.data.batch_order import BatchOrder, orientation_groups
 # the per-image steps live in training.data.examples (TensorFlow-free, for the workers); re-exported
 from training.data.examples import (SIZE_DIVISOR, Augmentation, ImageReadError, batch_padded_size,  # noqa: F401
                                     draw_augmentation, padded_size, prepare_training_example, read_image)
@@ -132,43 +134,44 @@ class _Batch:
 class TrainingBatches(DataFlow):
     """Endless shuffled training batches of ``BATCH_SIZE_PER_GPU`` images for one rank.
 
-    This process plans: it shuffles, draws every image's resize and flip (so the batch's padded
-    shape, anchor count and buffer are known before any image is read) and hands each image to a
-    worker process with its own random generator, which reads, augments and writes the image, its
-    ground truth, packed masks and sampled RPN targets into the batch's slot in shared memory.
-    Batches come out in the planned order, so they are fixed by the seed whatever the number of
-    workers (``NUM_WORKERS=0``: all in this process). At most ``batches_ahead`` batches are in
-    flight (bounded host memory). Workers start when iteration starts and stop when the iterator
-    is closed or collected, on an error, or with this process.
+    This process plans: it picks each batch's images (``BatchOrder``: landscape and portrait
+    images in separate batches unless ``DATA.ASPECT_RATIO_GROUPING`` is off), draws every image's
+    resize and flip (so the batch's padded shape, anchor count and buffer are known before any
+    image is read) and hands each image to a worker process with its own random generator, which
+    reads, augments and writes the image, its ground truth, packed masks and sampled RPN targets
+    into the batch's slot in shared memory. Batches come out in the planned order, so they are
+    fixed by (seed, rank) whatever the number of workers (``NUM_WORKERS=0``: all in this
+    process); ``start_step`` S starts at the batch an uninterrupted run gives at step S. At most
+    ``batches_ahead`` batches are in flight (bounded host memory). Workers start when iteration
+    starts and stop when the iterator is closed or collected, on an error, or with this process.
     """
 
-    def __init__(self, roidb: list[dict], cfg, *, seed: int, batches_ahead: int = 0):
+    def __init__(self, roidb: list[dict], cfg, *, seed: int, rank: int = 0, start_step: int = 0,
+                 batches_ahead: int = 0):
         if not roidb:
             raise ValueError("the training set is empty: no image has a usable annotation")
         self.roidb = roidb
         self.cfg = cfg
-        self.seed = seed
+        self.start_step = start_step
         bs = cfg.TRAIN.BATCH_SIZE_PER_GPU
+        groups = orientation_groups(roidb) if cfg.DATA.ASPECT_RATIO_GROUPING else np.zeros(len(roidb), np.int8)
+        self.order = BatchOrder(groups, bs, seed=seed, rank=rank)
         # enough images in flight to keep every worker busy while the oldest batch completes
         self.batches_ahead = batches_ahead or 1 + -(-2 * cfg.DATA.NUM_WORKERS // bs)
 
     def __len__(self):
         return len(self.roidb) // self.cfg.TRAIN.BATCH_SIZE_PER_GPU
 
-    def _record_stream(self, rng):
-        while True:
-            for idx in rng.permutation(len(self.roidb)):
-                yield self.roidb[idx]
-
-    def _plans(self):
-        """Endless ``(layout, sizes, num_gt, [(slot, record, augmentation, rng), ...])``, fixed by the seed."""
+    def plans(self):
+        """Endless ``(layout, sizes, num_gt, [(slot, record, augmentation, rng), ...])`` from
+        ``start_step`` on; no image is read."""
         cfg = self.cfg
-        rng = np.random.default_rng(self.seed)
-        seeds = itertools.count(self.seed * 1000003)  # one augmentation seed per example
-        records = self._record_stream(rng)
-        while True:
-            picked = [next(records) for _ in range(cfg.TRAIN.BATCH_SIZE_PER_GPU)]
-            rngs = [np.random.default_rng(next(seeds)) for _ in picked]
+        for n, images in enumerate(self.order.batches(self.start_step)):
+            if n == 0 and self.start_step:
+                log.info("the input continues at step %d, in pass %d over the training images",
+                         self.start_step, images[0][0] + 1)
+            picked = [self.roidb[index] for _, index in images]
+            rngs = [self.order.image_rng(pass_no, index) for pass_no, index in images]
             augs = [draw_augmentation(rec, cfg, r) for rec, r in zip(picked, rngs)]  # advances each rng
             sizes = [(a.height, a.width) for a in augs]
             num_gt = [int(np.sum(np.asarray(r["is_crowd"]) == 0)) for r in picked]
@@ -185,7 +188,7 @@ class TrainingBatches(DataFlow):
         pending: collections.deque[_Batch] = collections.deque()
         owner: dict[int, _Batch] = {}
         keys = itertools.count()
-        plans = self._plans()
+        plans = self.plans()
         try:
             while True:
                 while len(pending) < self.batches_ahead:
@@ -213,7 +216,7 @@ class TrainingBatches(DataFlow):
         # ranks x cores threads on the cores.
         cv2.setNumThreads(1)
         anchors = AnchorCache(self.cfg)
-        for layout, sizes, num_gt, tasks in self._plans():
+        for layout, sizes, num_gt, tasks in self.plans():
             batch = _Batch(layout, sizes, num_gt, np.zeros(layout.nbytes, np.uint8))
             for slot, record, aug, rng in tasks:
                 fill_slot(batch.arrays, slot, record, aug, rng, anchors.get(layout.height, layout.width), self.cfg)
