@@ -1,2 +1,3 @@
-"""Script mode (seed 003): one small image classifier that SageMaker, or this machine, trains with
-an asynchronous parameter server or with Horovod all-reduce. See docs/script_mode.md."""
+"""Script mode: one small image classifier that SageMaker, or this machine, trains with an
+asynchronous parameter server or with Horovod all-reduce, after AWS's SageMaker lab "Distributed
+training with SageMaker's script mode using Parameter Server and Horovod". See docs/script_mode.md."""

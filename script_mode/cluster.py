@@ -6,8 +6,10 @@ tasks (compute gradients and push updates, asynchronously) and ``ps`` tasks (hol
 Every process reads its own TF_CONFIG: the same cluster, a different ``task``.
 
 SageMaker's TensorFlow containers name the coordinator ``master`` (the TF1 name); TF2 needs
-``chief``, so ``normalize`` renames it. The SageMaker layout follows seed 003: with N instances,
-one parameter server on every instance, the coordinator on the first, workers on the other N-1.
+``chief``, so ``normalize`` renames it. The SageMaker layout follows AWS's SageMaker lab
+"Distributed training with SageMaker's script mode using Parameter Server and Horovod": with N
+instances, one parameter server on every instance, the coordinator on the first, workers on the
+other N-1.
 """
 from __future__ import annotations
 
@@ -80,7 +82,7 @@ def local_cluster(workers: int, ps: int, host: str = "127.0.0.1") -> dict[str, l
 
 
 def sagemaker_cluster(hosts: list[str], current_host: str) -> tuple[dict[str, list[str]], list[Task]]:
-    """The seed-003 layout over SageMaker's hosts, and the tasks that ``current_host`` runs.
+    """The script-mode lab's layout over SageMaker's hosts, and the tasks that ``current_host`` runs.
 
     Hosts are sorted as SageMaker's SM_HOSTS lists them; the first coordinates.
     """

@@ -3,10 +3,10 @@
 ModelTrainer (sagemaker 3.x) runs the entry script on every instance with the hyperparameters as
 arguments and SM_HOSTS / SM_CURRENT_HOST set. There is no parameter-server driver in 3.x (the
 2.x TensorFlow estimator's ``parameter_server`` distribution set TF_CONFIG through the framework
-container's toolkit), so this script gives each instance the seed-003 layout itself: a parameter
-server on every instance, the chief on the first, a worker on each of the others. Each task is
-``train.py`` with its own TF_CONFIG, exactly as ``python -m script_mode.local --strategy ps`` runs
-them on one machine.
+container's toolkit), so this script gives each instance the layout of SageMaker's script-mode
+example (parameter server and Horovod) itself: a parameter server on every instance, the chief on
+the first, a worker on each of the others. Each task is ``train.py`` with its own TF_CONFIG, exactly
+as ``python -m script_mode.local --strategy ps`` runs them on one machine.
 """
 from __future__ import annotations
 

@@ -34,7 +34,7 @@ def cpu_hyperparameters(*, images_per_epoch: int, processes_per_host: int) -> di
     from training.configs import cpu_synthetic
 
     hps = {"config:" + o.split("=", 1)[0]: o.split("=", 1)[1] for o in cpu_synthetic.OVERRIDES}
-    del hps["config:MODE_MASK"]  # given by its seed-002 name below
+    del hps["config:MODE_MASK"]  # given by its SageMaker hyperparameter name below
     hps.update({"config:TRAIN.IMAGES_PER_EPOCH": str(images_per_epoch), "config:TRAIN.LR_EPOCH_SCHEDULE":
                 "[(1, None)]", "config:TRAIN.WARMUP": "1", "config:TRAIN.LOG_PERIOD": "1",
                 "config:DATA.NUM_WORKERS": "1", "mode_mask": "True",

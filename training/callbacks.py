@@ -1,4 +1,4 @@
-"""Training callbacks: progress lines, seed-002 metric lines, COCO evaluation, checkpoints, resume.
+"""Training callbacks: progress lines, SageMaker metric lines, COCO evaluation, checkpoints, resume.
 
 Checkpoints are TensorFlow Saver checkpoints in the log dir (tensorpack's ModelSaver): the data
 and index files are written first and the ``checkpoint`` state file, which names the latest
@@ -73,7 +73,7 @@ def resume_step(logdir: str) -> tuple[str | None, int]:
 class ProgressLogger(Callback):
     """Every LOG_PERIOD steps: step, epoch, losses, images/s and time left (rank 0).
 
-    At each epoch end, the epoch's mean of every seed-002 training metric, one
+    At each epoch end, the epoch's mean of every training metric of :mod:`training.metrics`, one
     :func:`training.metrics.format_metric` line each (what SageMaker's regexes scrape).
     """
 
@@ -165,7 +165,7 @@ class COCOEvaluator(Callback):
     """COCO evaluation every EVAL_PERIOD epochs and after the last, on all ranks.
 
     Each rank predicts its share of the validation images; detections are gathered to rank 0
-    through Horovod (no shared file system), which runs COCOeval, prints one seed-002 metric line
+    through Horovod (no shared file system), which runs COCOeval, prints one SageMaker metric line
     per figure plus the mAP table, and appends the figures to ``eval_results.json``.
     """
 

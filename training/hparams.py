@@ -1,4 +1,8 @@
-"""SageMaker hyperparameters (seed 002's two tables) -> ``KEY=VALUE`` overrides for training/config.py.
+"""SageMaker hyperparameters -> ``KEY=VALUE`` overrides for training/config.py.
+
+The names are those of the two hyperparameter tables (tensorpack's and aws-samples') of AWS's
+SageMaker example notebook "Distributed Training of Mask-RCNN in Amazon SageMaker using EFS" (the
+SageMaker EFS example).
 
 SageMaker hands every hyperparameter over as a string (``"True"``, ``"[240000, 320000, 360000]"``,
 ``"[(16, 0.1), (20, 0.01), (24, None)]"``, ``"FreezeBN"``); a launcher may also pass numbers. Values
@@ -156,7 +160,7 @@ class Hyperparameter:
     name: str
     key: str             # the config key it sets
     parse: Callable[[str, Any], Any]
-    meaning: str         # as in seed 002's tables
+    meaning: str         # as in the SageMaker EFS example's tables
 
 
 HYPERPARAMETERS = {h.name: h for h in (

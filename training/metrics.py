@@ -2,13 +2,14 @@
 
 One source of truth: the trainer prints every metric with :func:`format_metric`, and the SageMaker
 launcher passes :data:`METRIC_DEFINITIONS` to the training job unchanged. The 22 names and their
-regexes are those of seed 002 (``.*<escaped name>:\\s*(\\S+).*``); ``tests/training/test_metrics.py``
-checks them against the seed's literal strings.
+regexes are the ``metric_definitions`` of AWS's SageMaker example notebook "Distributed Training of
+Mask-RCNN in Amazon SageMaker using EFS" (``.*<escaped name>:\\s*(\\S+).*``);
+``tests/training/test_metrics.py`` checks them against that example's literal strings.
 
-Known overlap, kept because the regexes are the seed's contract: the regex of
+Known overlap, kept because the regexes are the example's contract: the regex of
 ``mAP(bbox)/IoU=0.5`` also matches the line of ``mAP(bbox)/IoU=0.5:0.95`` (``IoU=0\\.5:`` is a prefix
 of ``IoU=0.5:0.95:``) and captures ``0.95:``, which is not a number; SageMaker keeps only captures that read as numbers
-(observed in aws/sagemaker-python-sdk issue 3208), so that match yields no value.
+(observed in https://github.com/aws/sagemaker-python-sdk/issues/3208), so that match yields no value.
 The same holds for segm. Every other pair of (metric line, other metric's regex) does not match.
 """
 from __future__ import annotations
@@ -52,7 +53,7 @@ METRIC_NAMES = TRAINING_METRICS + EVALUATION_METRICS
 
 
 def metric_regex(name: str) -> str:
-    """The seed's regex for ``name``: anything, the literal name, a colon, then the value."""
+    """The SageMaker EFS example's regex for ``name``: anything, the literal name, a colon, then the value."""
     return ".*" + re.escape(name) + r":\s*(\S+).*"
 
 

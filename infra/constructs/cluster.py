@@ -22,7 +22,7 @@ from infra.constructs.network import allow_all_traffic_within
 from infra.userdata import CLUSTER_NODE_SCRIPT, script_body
 
 EFS_MOUNT = "/efs"
-# The FSx for Lustre file system, when the app has one (the seed's run.sh looked here first).
+# The FSx for Lustre file system, when the app has one (the DLAMI cluster example's run.sh looked here first).
 FSX_MOUNT = "/fsx"
 # Where the Deep Learning AMI mounts the instance-store NVMe (g5, p4d, p5 have it): a local copy
 # of the dataset there takes the reads off EFS during training.

@@ -1,7 +1,7 @@
 """The optional FSx for Lustre file system: a fast, S3-linked read cache of the dataset for the EC2
 cluster (mounted at /fsx) and SageMaker jobs (an FSxLustre train channel).
 
-The seed measured about 10 minutes for what took 46 on EFS when the data is read from Lustre. The
+AWS's DLAMI cluster example (awslabs/deeplearning-cfn) measured about 10 minutes for what took 46 on EFS when the data is read from Lustre. The
 file system lives in one zone (the cluster's), in a private subnet, and shows the objects under
 s3://<data bucket>/<LUSTRE_IMPORT_PREFIX>/ as files, loading each one from S3 on first read.
 """

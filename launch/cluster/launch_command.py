@@ -2,7 +2,7 @@
 Horovod environment, and the training command. The EC2 cluster run (launch/cluster/run.py) uses
 :func:`mpirun_command`; the SageMaker entry passes :func:`horovod_env` on to its MPI runner.
 
-Why these flags (see REFERENCE.md, known problems 1, 2 and 8):
+Why these flags:
 - ``-bind-to none -map-by slot``: one rank per GPU slot, no CPU pinning (the data loader's threads
   need all cores of a node).
 - ``-mca pml ob1 -mca btl ^openib`` and excluding ``lo``/``docker0`` for both MPI's TCP transport
@@ -30,7 +30,8 @@ DEFAULT_SSH_PORT = 2222
 DEFAULT_SSH_KEY = "/etc/maskrcnn/ssh/id_ed25519"
 EXCLUDED_INTERFACES = ("lo", "docker0")
 
-# Horovod tensor fusion: the values the seed's cluster used for Mask R-CNN (REFERENCE.md).
+# Horovod tensor fusion: the values AWS's DLAMI cluster example (awslabs/deeplearning-cfn) used for
+# Mask R-CNN.
 HOROVOD_ENV = {
     "HOROVOD_CYCLE_TIME": "0.5",
     "HOROVOD_FUSION_THRESHOLD": "67108864",

@@ -14,7 +14,7 @@ continues the schedule by images seen, at the LR of the smaller batch), so it ne
 --allow-fewer-ranks.
 
 Where training reads COCO (``choose_data``): ``--data-dir`` when given; else the FSx for Lustre
-file system at /fsx when the stack has one and the dataset is there (the seed's order: Lustre
+file system at /fsx when the stack has one and the dataset is there (the DLAMI cluster example's order: Lustre
 read about 4x faster than EFS); else the EFS copy, which on instance types with local NVMe
 (cluster.env's LOCAL_NVME) is first copied to that disk on every node, once (a node whose copy is
 complete and matches EFS's listing skips it), so that training reads local disk instead of EFS.

@@ -14,7 +14,7 @@ failed job fails on every host, with the leader's reason).
 Why sagemaker-training (the maintained toolkit) and what is our own:
 - ``environment.Environment`` parses hyperparameters.json, resourceconfig.json, inputdataconfig.json,
   channel directories, GPU count and the network interface; ``files`` writes failure/success files.
-- ``mpi.MasterRunner``/``WorkerRunner`` do the multi-host wiring that failed in the seed ("cannot
+- ``mpi.MasterRunner``/``WorkerRunner`` do the multi-host wiring that failed in the SageMaker EFS example's container ("cannot
   connect to algo-1"): sshd, waiting for every host, mpirun over SageMaker's network interface with
   the hostname shim (not its ending: see ``_run_leader``). It runs an entry script from the
   code directory under ``python -m mpi4py`` (so an uncaught exception aborts every rank instead of

@@ -65,7 +65,7 @@ class JobSpec:
     environment: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
-# Job defaults when the stack does not state them (the seed used 4 x ml.p3.16xlarge, 100 GB, 400,000 s).
+# Job defaults when the stack does not state them (the SageMaker EFS example used 4 x ml.p3.16xlarge, 100 GB, 400,000 s).
 FALLBACKS = {"instance_type": DEFAULT_INSTANCE_TYPE, "instance_count": 1, "volume_size_gb": 100,
              "max_run_seconds": 5 * 24 * 3600}
 # Optional stack outputs for those defaults (infra/outputs.py names them if SageMakerStack decides them).
@@ -286,7 +286,8 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--run-name", help="log subdirectory on EFS (default: a new name per job); "
                                          "an earlier run's name continues that run")
     s.add_argument("-H", "--hyperparameter", action="append", metavar="NAME=VALUE",
-                   help="seed 002's names (mode_mask, batch_size_per_gpu, ...) or config:KEY")
+                   help="the hyperparameter names of the SageMaker Mask R-CNN EFS example "
+                        "(mode_mask, batch_size_per_gpu, ...) or config:KEY")
     s.add_argument("--hyperparameters-json", help="JSON object of hyperparameters")
     s.add_argument("--wait", action="store_true", help="wait for the job and print its logs")
     s.add_argument("--dry-run", action="store_true", help="print the CreateTrainingJob request; send nothing")

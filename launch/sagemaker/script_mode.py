@@ -1,5 +1,6 @@
 """Start the script-mode example (script_mode/train.py) on SageMaker CPU instances, with an
-asynchronous parameter server or with Horovod all-reduce (seed 003).
+asynchronous parameter server or with Horovod all-reduce, as in AWS's SageMaker lab "Distributed
+training with SageMaker's script mode using Parameter Server and Horovod".
 
     python -m launch.sagemaker.script_mode --strategy ps --instance-count 3 [--dry-run]
     python -m launch.sagemaker.script_mode --strategy horovod --instance-count 2 --processes-per-host 4
@@ -22,7 +23,7 @@ tf-keras and Horovod-with-MPI versions as constraints.txt, and the role may pull
 Horovod; the role must be allowed to pull from AWS's repository); ``--image-uri`` any other.
 
 Networking comes from SageMakerStack's outputs (the private subnets and the training security
-group, so instances talk to each other inside one VPC, as the seed recommends); the role and the
+group, so instances talk to each other inside one VPC, as that lab recommends); the role and the
 bucket for data, code and model artifacts too. Everything is validated before anything is sent.
 """
 from __future__ import annotations
@@ -46,7 +47,7 @@ from launch.cluster.launch_command import mca_flags
 from script_mode import sagemaker_mpi
 
 STRATEGIES = ("ps", "horovod")
-# CPU instance families this example is meant for (seed 003 trains on CPU instances).
+# CPU instance families this example is meant for (the lab trains on CPU instances).
 CPU_INSTANCE = re.compile(r"^ml\.(c5|c5n|c6i|m5|m6i)\.[0-9]*x?large$")
 DEFAULT_INSTANCE_TYPE = "ml.c5.xlarge"
 TF_VERSION = "2.18"                      # constraints.txt's tensorflow major.minor

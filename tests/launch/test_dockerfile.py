@@ -140,7 +140,7 @@ def test_gpu_stack_pins_are_tensorflows_own():
 
 
 def test_image_runs_tensorflows_cuda_libraries_and_no_others():
-    """The seed's base (nvidia/cuda:12.5.1-cudnn-devel) carried cuDNN 9.2.1, which TensorFlow 2.18
+    """An nvidia/cuda:12.5.1-cudnn-devel base carries cuDNN 9.2.1, which TensorFlow 2.18
     refuses: no base image may bring its own cuDNN or NCCL, the CUDA version of both stages is the
     pinned CUDA runtime's, TensorFlow comes with its pinned wheels, and the build checks the result."""
     stages = _stages()

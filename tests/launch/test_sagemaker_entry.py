@@ -52,7 +52,7 @@ def run_entry(base: Path, job_name: str = "entry-test-job", timeout: int = 900) 
 def tiny_hyperparameters() -> dict[str, str]:
     """The CPU preset as config: hyperparameters, cut to 2 steps of 2 images and a final evaluation."""
     hps = {"config:" + o.split("=", 1)[0]: o.split("=", 1)[1] for o in cpu_synthetic.OVERRIDES}
-    del hps["config:MODE_MASK"]  # set by its seed-002 name below
+    del hps["config:MODE_MASK"]  # set by its SageMaker hyperparameter name below
     hps.update({"config:TRAIN.IMAGES_PER_EPOCH": "4", "config:TRAIN.LR_EPOCH_SCHEDULE": "[(1, None)]",
                 "config:TRAIN.WARMUP": "1", "config:TRAIN.LOG_PERIOD": "1", "mode_mask": "True"})
     return hps
@@ -149,7 +149,7 @@ def test_trains_to_a_model_and_resumes(tmp_path, dataset):
 
 
 def test_nccl_keeps_sagemakers_network_interface_and_ranks_get_the_mpi_settings(monkeypatch):
-    """Defect 6: the toolkit's mpirun exports NCCL_SOCKET_IFNAME=<SageMaker's interface>; the entry's own
+    """The toolkit's mpirun exports NCCL_SOCKET_IFNAME=<SageMaker's interface>; the entry's own
     rank variables come later on that command line and must not replace it (they once said ^docker0,lo)."""
     from sagemaker_training import mpi
 

@@ -159,7 +159,7 @@ def test_cli_reads_bucket_from_stack_outputs(aws_env, coco_site, tmp_path, capsy
     assert "stack 'NoSuchStack' does not exist" in capsys.readouterr().err
 
 
-# --- issue 8, defect 7: S3 -> EFS verification, rerunning `download`, resumable downloads ---
+# --- S3 -> EFS copy (requests per file, sha256 check), rerunning `download`, resumable downloads ---
 
 def _small_tree(root: Path, n_dirs: int, per_dir: int) -> None:
     for d in range(n_dirs):
@@ -169,7 +169,7 @@ def _small_tree(root: Path, n_dirs: int, per_dir: int) -> None:
 
 
 def test_copy_to_efs_makes_one_get_per_file_and_each_directory_once(aws_env, tmp_path, monkeypatch):
-    """The seed-like copy did HEAD + GET + HEAD and a re-read per file, verified one at a time on
+    """The earlier copy did HEAD + GET + HEAD and a re-read per file, verified one at a time on
     the main thread, and a mkdir per file: each costs an EFS or S3 round trip, x 120,000 COCO images."""
     src = tmp_path / "src"
     _small_tree(src, n_dirs=3, per_dir=60)

@@ -1,4 +1,5 @@
-"""Parameter-server layouts and TF_CONFIG: local processes and SageMaker instances (seed 003)."""
+"""Parameter-server layouts and TF_CONFIG: local processes and SageMaker instances (as in SageMaker's
+script-mode example with parameter server and Horovod)."""
 import json
 
 import pytest

@@ -84,7 +84,7 @@ def test_an_empty_validation_list_trains_without_evaluating():
 
 @pytest.mark.parametrize("name, steps", [
     # tensorpack examples/FasterRCNN/config.py: "1x" = Detectron's [120k, 160k, 180k]; its comment
-    # states 3x = [420000, 500000, 540000]; the aws-samples seed trained with [240k, 320k, 360k] = 2x
+    # states 3x = [420000, 500000, 540000]; the SageMaker EFS example trained with [240k, 320k, 360k] = 2x
     ("1x", [120000, 160000, 180000]), ("2x", [240000, 320000, 360000]), ("3x", [420000, 500000, 540000])])
 def test_schedule_names_are_tensorpacks_presets(name, steps):
     cfg = finalize(_cfg(f"TRAIN.LR_SCHEDULE={name!r}"), num_ranks=8, has_gpu=False)

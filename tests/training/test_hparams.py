@@ -8,7 +8,8 @@ import pytest
 from training import hparams
 from training.config import ConfigError, new_config
 
-# Seed 002's two tables with their defaults, as SageMaker writes them (strings; eval_period as given).
+# The two hyperparameter tables of AWS's SageMaker example notebook "Distributed Training of Mask-RCNN in
+# Amazon SageMaker using EFS", with their defaults, as SageMaker writes them (strings; eval_period as given).
 TENSORPACK_TABLE = {
     "mode_fpn": "True", "mode_mask": "True", "eval_period": 1,
     "lr_schedule": "[240000, 320000, 360000]", "batch_norm": "FreezeBN", "images_per_epoch": "120000",

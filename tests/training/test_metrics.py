@@ -1,4 +1,5 @@
-"""The metric names and regexes are seed 002's, and the trainer's log lines match them."""
+"""The metric names and regexes are those of the SageMaker EFS example, and the trainer's log lines
+match them."""
 from __future__ import annotations
 
 import re
@@ -7,8 +8,9 @@ import pytest
 
 from training import metrics
 
-# Seed 002's metric_definitions, copied literally (the notebook's "\\s" is the regex \s).
-SEED_002 = [
+# The metric_definitions of AWS's SageMaker example notebook "Distributed Training of Mask-RCNN in Amazon
+# SageMaker using EFS", copied literally (the notebook's "\\s" is the regex \s).
+EXAMPLE_METRIC_DEFINITIONS = [
     ("fastrcnn_losses/box_loss", r".*fastrcnn_losses/box_loss:\s*(\S+).*"),
     ("fastrcnn_losses/label_loss", r".*fastrcnn_losses/label_loss:\s*(\S+).*"),
     ("fastrcnn_losses/label_metrics/accuracy", r".*fastrcnn_losses/label_metrics/accuracy:\s*(\S+).*"),
@@ -50,7 +52,7 @@ def _is_number(text: str) -> bool:
 def test_definitions_are_the_seed_ones():
     assert len(metrics.METRIC_DEFINITIONS) == 22
     got = {d["Name"]: d["Regex"] for d in metrics.METRIC_DEFINITIONS}
-    assert got == dict(SEED_002)
+    assert got == dict(EXAMPLE_METRIC_DEFINITIONS)
     assert all(set(d) == {"Name", "Regex"} for d in metrics.METRIC_DEFINITIONS)
 
 

@@ -85,7 +85,7 @@ def test_few_step_training_run_writes_checkpoint_events_metrics(trained):
     assert (logdir / "checkpoint").exists() and (logdir / f"model-{last}.index").exists()
     assert list(logdir.glob("events.out.tfevents.*")), "no TensorBoard events"
     assert f"step {last}/{last}" in out and "images/s" in out and "ETA" in out
-    for name in TRAINING_METRICS + EVALUATION_METRICS:  # every seed-002 metric, in the form its regex reads
+    for name in TRAINING_METRICS + EVALUATION_METRICS:  # every SageMaker metric, in the form its regex reads
         values = [m.group(1) for line in out.splitlines() if (m := re.fullmatch(metric_regex(name), line))]
         assert values, f"no log line for {name}"
         float(values[-1])

@@ -9,7 +9,7 @@ A split name resolves to files in this order (the first whose annotation file ex
 
 1. the name as given: ``train2017`` -> ``annotations/instances_train2017.json`` and ``train2017/``;
 2. without a ``coco_`` prefix: ``coco_train2017`` -> ``annotations/instances_train2017.json`` and
-   ``train2017/`` (the spelling seed 002's hyperparameters use).
+   ``train2017/`` (the spelling the SageMaker EFS example's hyperparameters use).
 
 Each record of :attr:`CocoSplit.roidb` holds ``file_name`` (absolute path), ``image_id``,
 ``height``, ``width``, ``boxes`` float32 [N, 4] (x1, y1, x2, y2 in absolute pixels, clipped to the

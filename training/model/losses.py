@@ -1,6 +1,7 @@
-"""Losses of the three heads, with the training statistics the seed's metric names refer to.
+"""Losses of the three heads, with the training statistics SageMaker's metric names refer to.
 
-Each function adds scalar summaries under the exact names of seed 002's metric definitions
+Each function adds scalar summaries under the exact names of the metric definitions of AWS's
+SageMaker example notebook "Distributed Training of Mask-RCNN in Amazon SageMaker using EFS"
 (``fastrcnn_losses/box_loss``, ``maskrcnn_loss/accuracy`` ...); the progress logger prints them
 through :func:`training.metrics.format_metric`.
 """
