@@ -3,7 +3,9 @@
 1. creates the synthetic shapes dataset (training/configs/cpu_synthetic.py's DATASET) if missing;
 2. runs ``horovodrun -np 2 -H localhost:2 --gloo python -m training.train`` with the CPU preset
    (progress lines: step, losses, images/s, time left; COCO evaluation after the last epoch);
-3. prints the final COCO mAP table from the run's eval_results.json and the wall time.
+3. prints the final COCO mAP table from the run's eval_results.json and the wall time;
+4. exits 1 when bbox or segm mAP@0.5 is below TARGET_AP50 (a job over TARGET_MINUTES is reported,
+   and fails nothing: see below); 0 when the target is met.
 """
 from __future__ import annotations
 
@@ -17,7 +19,11 @@ import time
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-# What the CPU demo must show (issue 3): it learns, on 2 cores, in a quarter of an hour.
+# What the CPU demo must show: it learns (bbox and segm mAP@0.5 >= TARGET_AP50), on 2 cores, in a
+# quarter of an hour. Only the accuracy decides the exit status: the same job on this VM takes
+# 5-12 minutes depending on the hour and on what else runs (its speed moves 30-50% between hours),
+# so a time limit would fail a correct model on a slow hour and say nothing about the code. A job
+# over TARGET_MINUTES is reported on its own line; a model below the bar exits 1.
 TARGET_AP50 = 0.5
 TARGET_MINUTES = 15
 
@@ -79,9 +85,18 @@ def main(argv=None) -> int:
           f"wall time {wall / 60:.1f} min for the whole job; log dir {logdir}")
     print(format_table({k: v for k, v in final.items() if k.startswith("mAP")}))
     ap50 = {t: final.get(f"mAP({t})/IoU=0.5", 0.0) for t in ("bbox", "segm")}
-    met = all(v >= TARGET_AP50 for v in ap50.values())
+    accurate = all(v >= TARGET_AP50 for v in ap50.values())  # a NaN (diverged run) is not >=: fails
+    in_time = wall <= TARGET_MINUTES * 60
     print(f"target mAP@0.5 >= {TARGET_AP50} for bbox and segm within {TARGET_MINUTES} min: "
-          f"{'met' if met and wall <= TARGET_MINUTES * 60 else 'NOT met'}")
+          f"{'met' if accurate and in_time else 'NOT met'}")
+    if not in_time:
+        print(f"note: the job took {wall / 60:.1f} min, over the {TARGET_MINUTES}-minute budget (reported, "
+              f"not a failure: this machine's speed varies by hour and load)")
+    if not accurate:
+        got = ", ".join(f"{t} {v:.3f}" for t, v in ap50.items())
+        print(f"error: the model did not learn enough: mAP@0.5 {got}; the target is >= {TARGET_AP50} for both "
+              f"(logs in {logdir})", file=sys.stderr)
+        return 1
     return 0
 
 

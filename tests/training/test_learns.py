@@ -1,0 +1,105 @@
+"""The learning gate: a small seeded Mask R-CNN trained for about 2 minutes must reach a stated AP50.
+
+Every other training test checks that the trainer runs (finite losses, metrics in range); this one
+checks that it learns. ``python -m training.train --preset learning_gate`` (one process, as the
+other training runs here) trains 1200 steps on a synthetic shapes dataset the test writes
+(training/configs/learning_gate.py), evaluates the 100 validation images with COCOeval, and both
+bbox and segm mAP@0.5 in the run's eval_results.json must reach BAR_AP50.
+
+The bar and its margins (docs/training.md, "The learning gate"): five seeds (TRAIN.SEED and the
+dataset seed together; this test's is 42 / 0) reached bbox / segm AP50 0.724-0.737 / 0.675-0.703
+(this test's, three runs), 0.639 / 0.608, 0.707 / 0.664, 0.694 / 0.678, 0.672 / 0.637; an untrained
+model (LR ~0) 0.003 / 0.000; the model with its Fast R-CNN box regression targets negated
+0.232 / 0.301. With TF_DETERMINISTIC_OPS=1 runs on otherwise idle cores repeat bit for bit; on
+busy cores the order of the in-place weight updates varies and a run drifts as far as another
+seed would, which the margin below the worst seed covers.
+
+Also here, fast: training.local_job's exit status follows its accuracy target.
+"""
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+# 0.11 below the worst seed's worst figure (segm 0.608), 0.20 above the broken model's best (segm
+# 0.301 with negated box targets).
+BAR_AP50 = 0.5
+
+
+def _gate_run(tmp_path):
+    from training.configs import learning_gate
+    from training.data.synthetic import SyntheticSpec, generate
+    data = tmp_path / "shapes"
+    generate(data, SyntheticSpec(**learning_gate.DATASET))
+    logdir = tmp_path / "log"
+    # deterministic kernels, and the Eigen ones the figures were measured with (tests/conftest.py)
+    env = dict(os.environ, TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1",
+               PYTHONPATH=str(REPO), TF_DETERMINISTIC_OPS="1", TF_ENABLE_ONEDNN_OPTS="0")
+    start = time.time()
+    proc = subprocess.run([sys.executable, "-m", "training.train", "--logdir", str(logdir),
+                           "--preset", "learning_gate", "--config", f"DATA.BASEDIR={str(data)!r}"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=1200)
+    return proc, logdir, time.time() - start
+
+
+@pytest.mark.slow
+def test_model_learns_to_the_stated_ap50(tmp_path):
+    proc, logdir, wall = _gate_run(tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    final = json.loads((logdir / "eval_results.json").read_text())[-1]
+    max_steps = json.loads((logdir / "config.json").read_text())["TRAIN"]["MAX_STEPS"]
+    assert final["global_step"] == max_steps == 1200
+    ap50 = {t: final[f"mAP({t})/IoU=0.5"] for t in ("bbox", "segm")}
+    speed = re.findall(r"([\d.]+) images/s", proc.stdout)[-1:]
+    print(f"learning gate: AP50 bbox {ap50['bbox']:.3f} segm {ap50['segm']:.3f} (bar {BAR_AP50}); "
+          f"training command {wall:.0f}s, {''.join(speed) or '?'} images/s")
+    assert all(v >= BAR_AP50 for v in ap50.values()), (
+        f"the model did not learn: AP50 bbox {ap50['bbox']:.3f}, segm {ap50['segm']:.3f}, bar {BAR_AP50} "
+        f"(seeded runs reach 0.61-0.74, an untrained model 0.00; docs/training.md)\n" + proc.stdout[-2000:])
+
+
+# -- training.local_job's verdict (no training: horovodrun's run is replaced by its results file)
+
+def _local_job(tmp_path, monkeypatch, ap50: dict, minutes: float | None = None):
+    from training import local_job
+    from training.callbacks import EVAL_RESULTS_FILE
+    data = tmp_path / "data"
+    for split in ("train2017", "val2017"):  # the dataset "exists": local_job generates nothing
+        (data / "annotations").mkdir(parents=True, exist_ok=True)
+        (data / "annotations" / f"instances_{split}.json").write_text("{}")
+    logdir = tmp_path / "log"
+
+    def fake_horovodrun(cmd, **_):
+        assert "training.train" in cmd
+        logdir.mkdir()
+        results = {f"mAP({t})/IoU=0.5": v for t, v in ap50.items()}
+        (logdir / EVAL_RESULTS_FILE).write_text(json.dumps([{"epoch": 8, "global_step": 2000, **results}]))
+        return 0
+
+    monkeypatch.setattr(local_job, "horovodrun", lambda: "horovodrun")
+    monkeypatch.setattr(local_job.subprocess, "call", fake_horovodrun)
+    if minutes is not None:
+        monkeypatch.setattr(local_job, "TARGET_MINUTES", minutes)
+    return local_job.main(["--data", str(data), "--logdir", str(logdir)])
+
+
+def test_local_job_exits_1_below_the_accuracy_target(tmp_path, monkeypatch, capsys):
+    assert _local_job(tmp_path, monkeypatch, {"bbox": 0.93, "segm": 0.41}) == 1
+    out, err = capsys.readouterr()
+    assert "NOT met" in out
+    assert "did not learn enough" in err and "segm 0.410" in err
+
+
+def test_local_job_exits_0_on_target_and_reports_time_over_budget(tmp_path, monkeypatch, capsys):
+    assert _local_job(tmp_path / "a", monkeypatch, {"bbox": 0.96, "segm": 0.94}) == 0
+    assert "for bbox and segm within 15 min: met" in capsys.readouterr().out
+    # over the time budget alone: reported, not a failure (the machine's speed varies by hour)
+    assert _local_job(tmp_path / "b", monkeypatch, {"bbox": 0.96, "segm": 0.94}, minutes=0) == 0
+    out = capsys.readouterr().out
+    assert "NOT met" in out and "over the 0-minute budget" in out
