@@ -70,7 +70,7 @@ def test_resnet50_variable_names_and_shapes_match_the_npz(tf_session):
     assert "group1/block0/conv1/W" in trainable
 
 
-# SyncBN needs Horovod initialised: tests/training/test_horovod.py trains with it on 2 ranks.
+# SyncBN needs Horovod initialised: tests/training/test_startup_devices.py trains with it on 2 ranks.
 @pytest.mark.parametrize("norm", ["GN", "None"])
 def test_other_norms_build(tf_session, norm):
     tf, sess = tf_session
