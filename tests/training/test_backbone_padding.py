@@ -11,13 +11,12 @@
   normal); without a norm, the residual branch's last kernel starts at zero.
 """
 import os
-import subprocess
-import sys
 import zlib
-from pathlib import Path
 
 import numpy as np
 import pytest
+
+from onednn import run_with_onednn
 
 # NCHW convolutions and max-pooling exist on a CPU only with oneDNN's kernels, which the suite
 # keeps off (tests/conftest.py): test_nchw_under_onednn runs the NCHW cases in a process of their own.
@@ -243,11 +242,7 @@ def test_batch_padding_reads_zero_as_in_tensorpack(tf_session, data_format):
 
 @pytest.mark.skipif(ONEDNN, reason="oneDNN is on in this process: the NCHW cases ran above")
 def test_nchw_under_onednn():
-    run = subprocess.run([sys.executable, "-m", "pytest", __file__, "-q", "-p", "no:cacheprovider", "-n", "0",
-                          "-k", "NCHW"],
-                         env={**os.environ, "TF_ENABLE_ONEDNN_OPTS": "1"}, capture_output=True, text=True,
-                         cwd=Path(__file__).resolve().parents[2], timeout=900)
-    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
+    run = run_with_onednn(__file__, "NCHW")
     assert "8 passed" in run.stdout, run.stdout[-2000:]
 
 

@@ -1,12 +1,10 @@
 """Every model variant builds, trains a step and predicts: Mask R-CNN and Faster R-CNN, FPN and C4."""
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
+from onednn import run_with_onednn
 from training.config import finalize, new_config
 from training.configs.cpu_synthetic import OVERRIDES
 
@@ -61,9 +59,5 @@ def test_variant_trains_and_predicts(tf_session, tiny_split, mode):
 @pytest.mark.slow
 @pytest.mark.skipif(ONEDNN, reason="oneDNN is on in this process: the NCHW variants ran above")
 def test_nchw_variants_under_onednn():
-    run = subprocess.run([sys.executable, "-m", "pytest", __file__, "-q", "-p", "no:cacheprovider", "-n", "0",
-                          "-k", "nchw"],
-                         env={**os.environ, "TF_ENABLE_ONEDNN_OPTS": "1"}, capture_output=True, text=True,
-                         cwd=Path(__file__).resolve().parents[2], timeout=900)
-    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
+    run = run_with_onednn(__file__, "nchw")
     assert f"{len(NCHW_MODES)} passed" in run.stdout, run.stdout[-2000:]
