@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """The CDK app: NetworkStorageStack (VPC, EFS, S3), EfsClusterStack and SageMakerStack.
 
-The only place that reads context (cdk.json's defaults merged with `cdk synth -c key=value`).
-A bad value stops synth with a one-line message naming the key, before any construct exists.
+The only place that reads the deployment's settings (infra/settings.py: the settings file over the
+defaults, `-c key=value` over both for one command). A bad value stops synth with a one-line
+message naming the key, before any construct exists.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import aws_cdk as cdk
 from cdk_nag import AwsSolutionsChecks
 
 from infra import outputs
+from infra import settings
 from infra.config import AppConfig, ConfigError
 from infra.stacks.efs_cluster import EfsClusterStack
 from infra.stacks.network_storage import NetworkStorageStack
@@ -30,7 +32,10 @@ class Stacks:
 
 
 def read_config(app: cdk.App) -> AppConfig:
-    return AppConfig.from_context(app.node.get_all_context())
+    resolved = settings.resolve(app.node.get_all_context())
+    for note in resolved.override_notes():
+        print(note, file=sys.stderr)
+    return resolved.config
 
 
 def build(app: cdk.App) -> Stacks:
@@ -46,7 +51,8 @@ def build(app: cdk.App) -> Stacks:
         notification_email=config.notification_email,
         availability_zones=config.availability_zones,
         lustre_storage_gib=config.fsx_lustre_storage_gib,
-        lustre_zone_index=config.cluster_zone_index)
+        lustre_zone_index=config.cluster_zone_index,
+        monthly_budget_usd=config.monthly_budget_usd)
     stacks = Stacks(
         shared=shared,
         efs_cluster=EfsClusterStack(app, outputs.EFS_CLUSTER_STACK, tags=PROJECT_TAGS,

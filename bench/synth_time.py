@@ -53,7 +53,7 @@ def in_process_seconds() -> dict[str, float]:
     imported = time.perf_counter()
     context = json.loads((REPO / "cdk.json").read_text())["context"]
     with tempfile.TemporaryDirectory() as outdir:
-        app = cdk.App(context=context, outdir=outdir)
+        app = cdk.App(context={**context, "settings_file": "none"}, outdir=outdir)
         module.build(app)
         built = time.perf_counter()
         app.synth()

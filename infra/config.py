@@ -1,9 +1,12 @@
-"""The app's settings, validated once, before any construct is created.
+"""The app's settings: their defaults, what each means, and their validation, done once, before any
+construct is created.
 
-cdk.json's "context" holds the documented defaults; `cdk synth -c key=value` overrides them. Values
-from cdk.json arrive typed (numbers, booleans, null), values from `-c` arrive as strings, so every
-parser accepts both. A bad value raises ConfigError naming the key and what is allowed; app.py turns
-that into a one-line message and a non-zero exit instead of a stack trace from inside CDK.
+A deployment's values live in its settings file (infra/settings.py: `settings.json`, written by
+`python -m infra.settings set key=value`), over the defaults here; `cdk ... -c key=value` overrides
+either for one command. Values from the file arrive typed (numbers, booleans, null), values from
+`-c` arrive as strings, so every parser accepts both. A bad value raises ConfigError naming the key
+and what is allowed; app.py turns that into a one-line message and a non-zero exit instead of a
+stack trace from inside CDK.
 """
 from __future__ import annotations
 
@@ -32,9 +35,8 @@ _EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
 _NAME_PREFIX = re.compile(r"^[A-Za-z](?:[A-Za-z0-9-]{0,22}[A-Za-z0-9])?$")
 _ZONE = re.compile(r"^([a-z]{2}(?:-gov)?-[a-z]+-\d)[a-z]$")
 VPC_ZONE_COUNT = 2
-OPTIONAL_KEYS = ("ssh_cidr", "key_pair_name", "existing_file_system_id", "notification_email",
-                 "ami_id", "name_prefix", "availability_zones", "cluster_availability_zone",
-                 "fsx_lustre_storage_gib")
+_CAPACITY_RESERVATION = re.compile(
+    r"^(?:cr-[0-9a-f]{17}|arn:aws[a-z-]*:resource-groups:[a-z0-9-]+:\d{12}:group/[A-Za-z0-9_.-]+)$")
 # Context keys this app owns look like Python identifiers; CDK's own keys contain ':', '@' or '-'.
 _OWN_KEY = re.compile(r"^[a-z][a-z0-9_]*$")
 
@@ -50,6 +52,101 @@ WORKER_COUNT = (0, 64)
 LUSTRE_STORAGE_GIB_STEP = 2400
 LUSTRE_STORAGE_GIB_MIN = 1200
 LUSTRE_STORAGE_GIB_MAX = 100800
+# Idle times: 0 turns the stop off; a day is the longest wait that still saves anything.
+IDLE_MINUTES = (0, 1440)
+MONTHLY_BUDGET_USD = (1, 10_000_000)
+BOOT_FAILURE_LIMIT = (1, 100)
+# The retention periods CloudWatch Logs accepts (PutRetentionPolicy), in days.
+LOG_RETENTION_DAYS = (1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1096, 1827,
+                      2192, 2557, 2922, 3288, 3653)
+
+
+@dataclass(frozen=True)
+class Setting:
+    default: Any
+    help: str
+
+
+# Every setting, its default and what it means: the one source of `python -m infra.settings show`,
+# docs/infra.md's table (a test keeps them equal) and AppConfig.from_context's defaults.
+SETTINGS: dict[str, Setting] = {
+    "instance_type": Setting('g5.48xlarge', (
+        "EC2 type of every cluster node: p4d.24xlarge, p5.48xlarge, g5.xlarge ... g5.48xlarge, "
+        "or c5.xlarge / m5.xlarge (CPU, wiring tests only); only types the AMI family of "
+        "dlami_ssm_parameter supports (not p3/p3dn: V100). See infra/instance_types.py.")),
+    "worker_count": Setting(1, (
+        "Cluster workers besides the master (0 to 64). Total nodes = worker_count + 1.")),
+    "ebs_volume_size_gib": Setting(200, (
+        "Encrypted gp3 root volume of each node, GiB (100 to 16384; the Deep Learning AMI needs"
+        " about 100).")),
+    "ssh_cidr": Setting(None, (
+        "IPv4 CIDR allowed to SSH to the master (e.g. 203.0.113.7/32). null: no SSH ingress; "
+        "connect with SSM Session Manager.")),
+    "key_pair_name": Setting(None, (
+        "Existing EC2 key pair for SSH to the master; required when ssh_cidr is set.")),
+    "efa": Setting(False, (
+        "true: give each node one Elastic Fabric Adapter interface per EFA-capable network card"
+        " (p4d.24xlarge 4, p5.48xlarge 32, g5.8xlarge and larger 1; infra/instance_types.py); "
+        "the security groups allow EFA traffic to and from themselves.")),
+    "existing_file_system_id": Setting(None, (
+        "Reuse this EFS (fs- + 17 hex) instead of creating one. It must have no mount targets "
+        "in another VPC. null: create a new one.")),
+    "efs_throughput_mode": Setting('elastic', (
+        "elastic (default; no burst credits to run out) or bursting.")),
+    "notebook_instance_type": Setting('ml.t3.medium', (
+        "SageMaker notebook instance type.")),
+    "notebook_volume_size_gib": Setting(50, (
+        "Notebook storage volume, GiB (5 to 16384).")),
+    "dlami_ssm_parameter": Setting('/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id', (
+        "Public SSM parameter holding the cluster's AMI id (resolved by CloudFormation at "
+        "deploy time, not at synth); must be a known AMI family (infra/instance_types.py).")),
+    "notification_email": Setting(None, (
+        "Email address subscribed to the alerts topic (node launch/terminate failures, EFS "
+        "burst credits). null: the topic exists without a subscription.")),
+    "ami_id": Setting(None, (
+        "Pin the cluster's AMI (ami-...) of the dlami_ssm_parameter family, e.g. the "
+        "ClusterAmiId output of the first deploy, so replacement nodes run the same drivers. "
+        "null: the parameter's latest AMI at each deploy.")),
+    "name_prefix": Setting(None, (
+        "Prefix of the stack names (and the group, secret and export names derived from them), "
+        "for several deployments per account and region, e.g. team-a. null: plain names.")),
+    "availability_zones": Setting(None, (
+        "The VPC's two zones, e.g. us-east-1a,us-east-1d (decide before the first deploy: "
+        "changing them replaces the subnets). null: the region's first two.")),
+    "cluster_availability_zone": Setting(None, (
+        "Zone of the EC2 cluster, one of availability_zones (where the instance type is "
+        "offered, has capacity, or your capacity reservation is). null: the VPC's first zone.")),
+    "fsx_lustre_storage_gib": Setting(0, (
+        "FSx for Lustre file system (SCRATCH_2) in the cluster's zone, linked to s3://<data "
+        "bucket>/data (COCO appears at /fsx/coco on the nodes; a SageMaker train channel with "
+        "launcher --fsx): 0 = none, else 1200 or a multiple of 2400 GiB. Costs while the shared"
+        " stack exists (docs/infra.md).")),
+    "capacity_reservation": Setting(None, (
+        "Launch every cluster node into this On-Demand Capacity Reservation or Capacity Block "
+        "(cr-...), or into any open reservation of a resource group (its ARN): reserve "
+        "instance_type in the cluster's zone for worker_count + 1 instances, an On-Demand "
+        "reservation in a cluster placement group of your own, or a Capacity Block. The stack "
+        "then creates no placement group (the reservation places the nodes). null: open "
+        "on-demand capacity.")),
+    "capacity_block": Setting(False, (
+        "true: capacity_reservation is a Capacity Block for ML (market type capacity-block); "
+        "the nodes run only inside the block's time window.")),
+    "idle_scaledown_minutes": Setting(30, (
+        "Scale the worker group to zero after this many minutes without a running training job "
+        "(the master stays up; the next run scales the workers back). 0: never.")),
+    "notebook_idle_minutes": Setting(60, (
+        "Stop the SageMaker notebook instance after this many minutes without kernel or "
+        "terminal activity. 0: never.")),
+    "monthly_budget_usd": Setting(None, (
+        "Monthly cost budget for the deployment's tagged resources, USD; the alerts topic hears"
+        " at 80% actual and 100% forecast. null: no budget.")),
+    "boot_failure_limit": Setting(10, (
+        "After this many consecutive failed node boots a group stops launching (its Launch "
+        "process is suspended) and the alerts topic is told which node failed and why.")),
+    "log_retention_days": Setting(30, (
+        "Days CloudWatch Logs keeps the nodes' boot and training logs (one of CloudWatch's "
+        "retention periods).")),
+}
 
 
 @dataclass(frozen=True)
@@ -71,6 +168,13 @@ class AppConfig:
     availability_zones: tuple[str, ...] | None = None
     cluster_availability_zone: str | None = None
     fsx_lustre_storage_gib: int = 0
+    capacity_reservation: str | None = None
+    capacity_block: bool = False
+    idle_scaledown_minutes: int = 30
+    notebook_idle_minutes: int = 60
+    monthly_budget_usd: int | None = None
+    boot_failure_limit: int = 10
+    log_retention_days: int = 30
 
     @property
     def cluster_zone_index(self) -> int:
@@ -78,6 +182,20 @@ class AppConfig:
         if self.cluster_availability_zone is None:
             return 0
         return self.availability_zones.index(self.cluster_availability_zone)
+
+    @property
+    def efa_interfaces(self) -> int:
+        """Network interfaces of each node's launch template that are EFA: one per EFA-capable
+        network card, or none."""
+        return INSTANCE_TYPES[self.instance_type].efa_cards if self.efa else 0
+
+    @property
+    def master_is_public(self) -> bool:
+        """Whether the master runs in the public subnet with an Elastic IP. AWS assigns no public
+        IPv4 address to an instance launched with more than one network interface, so a node
+        with an EFA interface on each of several cards runs in the private subnet (reached
+        through SSM Session Manager, with the NAT gateway for egress)."""
+        return self.efa_interfaces <= 1
 
     def stack_name(self, base: str) -> str:
         """A stack's CloudFormation name: `base`, or `<name_prefix>-<base>` (several clusters
@@ -98,20 +216,15 @@ class AppConfig:
 
     @classmethod
     def from_context(cls, context: Mapping[str, Any]) -> "AppConfig":
-        """Builds the config from context (cdk.json's values merged with `-c` overrides)."""
+        """Builds the config from `values` over the defaults (a key that is absent takes its
+        default: CDK also drops context keys whose value is null)."""
         known = set(cls.keys())
         unknown = sorted(k for k in context if _OWN_KEY.match(k) and k not in known)
         if unknown:
             raise ConfigError(
-                f"unknown context key {unknown[0]!r}; known keys: {', '.join(sorted(known))}")
-        # CDK drops context keys whose value is null, so an optional key may simply be absent.
-        missing = [k for k in cls.keys() if k not in context and k not in OPTIONAL_KEYS]
-        if missing:
-            raise ConfigError(
-                f"context key {missing[0]!r} is missing; cdk.json's \"context\" holds the defaults "
-                f"(run from the repository root, or pass -c {missing[0]}=...)")
-
-        values = {name: parse(name, context.get(name)) for name, parse in _PARSERS.items()}
+                f"unknown setting {unknown[0]!r}; known settings: {', '.join(sorted(known))}")
+        values = {name: parse(name, context[name] if name in context else SETTINGS[name].default)
+                  for name, parse in _PARSERS.items()}
         config = cls(**values)
         config._check_combinations()
         return config
@@ -145,6 +258,18 @@ class AppConfig:
                 f"context key 'cluster_availability_zone' is {self.cluster_availability_zone!r}, "
                 f"not one of the VPC's zones (availability_zones: "
                 f"{', '.join(self.availability_zones)})")
+        if self.capacity_block and not (self.capacity_reservation or "").startswith("cr-"):
+            raise ConfigError(
+                "context key 'capacity_block' is true but capacity_reservation is not a Capacity "
+                "Block's reservation id (cr-...): set capacity_reservation to the id of the "
+                "Capacity Block you bought, or set capacity_block=false")
+        if self.ssh_cidr and not self.master_is_public:
+            raise ConfigError(
+                f"context key 'ssh_cidr' is set, but with efa=true each {self.instance_type} "
+                f"node has {self.efa_interfaces} network interfaces, and AWS gives no public "
+                "address to an instance launched with several: the master runs in the private "
+                "subnet. Unset ssh_cidr and key_pair_name and connect with SSM Session Manager "
+                "(the ConnectCommand output; SSH through it: docs/infra.md)")
         if self.ssh_cidr and not self.key_pair_name:
             raise ConfigError(
                 "context key 'key_pair_name' is required when ssh_cidr is set: name an existing "
@@ -258,6 +383,22 @@ def _zones(key: str, raw: Any) -> tuple[str, ...] | None:
     return zones
 
 
+def _optional_int_in(bounds: tuple[int, int]) -> Callable[[str, Any], int | None]:
+    strict = _int_in(bounds)
+
+    def parse(key: str, raw: Any) -> int | None:
+        return None if _is_unset(raw) else strict(key, raw)
+    return parse
+
+
+def _log_retention(key: str, raw: Any) -> int:
+    value = _int_in((1, 3653))(key, raw)
+    if value not in LOG_RETENTION_DAYS:
+        raise ConfigError(f"context key {key!r} is {value}; allowed (CloudWatch Logs' retention "
+                          f"periods, days): {', '.join(map(str, LOG_RETENTION_DAYS))}")
+    return value
+
+
 _PARSERS: dict[str, Callable[[str, Any], Any]] = {
     "instance_type": _choice(tuple(INSTANCE_TYPES)),
     "worker_count": _int_in(WORKER_COUNT),
@@ -287,5 +428,16 @@ _PARSERS: dict[str, Callable[[str, Any], Any]] = {
     "cluster_availability_zone": _matching(
         _ZONE, "an availability zone name such as us-east-1d, one of availability_zones", True),
     "fsx_lustre_storage_gib": _lustre_storage,
+    "capacity_reservation": _matching(
+        _CAPACITY_RESERVATION, "an On-Demand Capacity Reservation or Capacity Block id "
+        "(cr- and 17 lowercase hex characters) or a resource group ARN "
+        "(arn:aws:resource-groups:REGION:ACCOUNT:group/NAME), or unset for open capacity", True),
+    "capacity_block": _bool,
+    "idle_scaledown_minutes": _int_in(IDLE_MINUTES),
+    "notebook_idle_minutes": _int_in(IDLE_MINUTES),
+    "monthly_budget_usd": _optional_int_in(MONTHLY_BUDGET_USD),
+    "boot_failure_limit": _int_in(BOOT_FAILURE_LIMIT),
+    "log_retention_days": _log_retention,
 }
-assert tuple(_PARSERS) == AppConfig.keys(), "every AppConfig field needs a parser, in order"
+assert tuple(_PARSERS) == AppConfig.keys() == tuple(SETTINGS), \
+    "every AppConfig field needs a parser and a SETTINGS entry, in order"

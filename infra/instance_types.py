@@ -1,8 +1,13 @@
 """EC2 instance types the cluster accepts, and which of them each known AMI family can drive.
 
-One table, so validation (infra/config.py), the launch template (EFA) and the docs agree. GPU counts
-are informational here; at boot each node compares `nvidia-smi -L` with what DescribeInstanceTypes
-says the instance has, and fails its boot when the driver sees fewer GPUs.
+One table, so validation (infra/config.py), the launch template (EFA interfaces), the pre-flight
+(vCPU quotas), the cost estimates and the docs agree. GPU counts are informational here; at boot
+each node compares `nvidia-smi -L` with what DescribeInstanceTypes says the instance has, and fails
+its boot when the driver sees fewer GPUs.
+
+Prices are on-demand Linux list prices in us-east-1 (USD per hour) as AWS published them after its
+June 2025 price change for P4 and P5; other regions differ by up to ~30%, and every figure computed
+from them is stated as an estimate. None: no price recorded here (the estimate says so).
 """
 from __future__ import annotations
 
@@ -10,38 +15,89 @@ import re
 from dataclasses import dataclass
 
 
+# Service Quotas codes of the EC2 vCPU quotas that cap running on-demand instances, by family.
+VCPU_QUOTAS = {
+    "P": ("L-417A185B", "Running On-Demand P instances"),
+    "G": ("L-DB2E81BA", "Running On-Demand G and VT instances"),
+    "standard": ("L-1216C47A", "Running On-Demand Standard (A, C, D, H, I, M, R, T, Z) instances"),
+}
+ELASTIC_IP_QUOTA = ("L-0263D0A3", "EC2-VPC Elastic IPs")
+
+
 @dataclass(frozen=True)
 class InstanceTypeInfo:
     gpus: int
-    efa: bool          # supports an Elastic Fabric Adapter interface
+    vcpus: int
+    # Network cards that carry an Elastic Fabric Adapter (0: no EFA). AWS's "Maximize network
+    # bandwidth" page: one EFA interface per card, device index 0 on card 0 and 1 on the others.
+    efa_cards: int
+    price_per_hour: float | None
     note: str = ""
+
+    @property
+    def efa(self) -> bool:
+        return self.efa_cards > 0
 
     @property
     def cpu_only(self) -> bool:
         return self.gpus == 0
 
 
+
 INSTANCE_TYPES: dict[str, InstanceTypeInfo] = {
     # The original cluster's types (8 x V100). No current Deep Learning AMI's driver drives them:
     # listed so that choosing one fails with a message that says why.
-    "p3.16xlarge": InstanceTypeInfo(gpus=8, efa=False, note="V100"),
-    "p3dn.24xlarge": InstanceTypeInfo(gpus=8, efa=True, note="V100"),
-    # A100 / H100.
-    "p4d.24xlarge": InstanceTypeInfo(gpus=8, efa=True),
-    "p5.48xlarge": InstanceTypeInfo(gpus=8, efa=True),
+    "p3.16xlarge": InstanceTypeInfo(8, 64, 0, 24.48, note="V100"),
+    "p3dn.24xlarge": InstanceTypeInfo(8, 96, 1, 31.212, note="V100"),
+    # A100, H100, H200, B200.
+    "p4d.24xlarge": InstanceTypeInfo(8, 96, 4, 21.96, note="A100"),
+    "p5.48xlarge": InstanceTypeInfo(8, 192, 32, 55.04, note="H100"),
+    "p5e.48xlarge": InstanceTypeInfo(8, 192, 32, None, note="H200"),
+    "p5en.48xlarge": InstanceTypeInfo(8, 192, 16, None, note="H200"),
+    "p6-b200.48xlarge": InstanceTypeInfo(8, 192, 8, None, note="B200"),
     # A10G.
-    "g5.xlarge": InstanceTypeInfo(gpus=1, efa=False),
-    "g5.2xlarge": InstanceTypeInfo(gpus=1, efa=False),
-    "g5.4xlarge": InstanceTypeInfo(gpus=1, efa=False),
-    "g5.8xlarge": InstanceTypeInfo(gpus=1, efa=True),
-    "g5.12xlarge": InstanceTypeInfo(gpus=4, efa=True),
-    "g5.16xlarge": InstanceTypeInfo(gpus=1, efa=True),
-    "g5.24xlarge": InstanceTypeInfo(gpus=4, efa=True),
-    "g5.48xlarge": InstanceTypeInfo(gpus=8, efa=True),
+    "g5.xlarge": InstanceTypeInfo(1, 4, 0, 1.006, note="A10G"),
+    "g5.2xlarge": InstanceTypeInfo(1, 8, 0, 1.212, note="A10G"),
+    "g5.4xlarge": InstanceTypeInfo(1, 16, 0, 1.624, note="A10G"),
+    "g5.8xlarge": InstanceTypeInfo(1, 32, 1, 2.448, note="A10G"),
+    "g5.12xlarge": InstanceTypeInfo(4, 48, 1, 5.672, note="A10G"),
+    "g5.16xlarge": InstanceTypeInfo(1, 64, 1, 4.096, note="A10G"),
+    "g5.24xlarge": InstanceTypeInfo(4, 96, 1, 8.144, note="A10G"),
+    "g5.48xlarge": InstanceTypeInfo(8, 192, 1, 16.288, note="A10G"),
     # CPU only: cheap tests of the cluster wiring (boot, EFS, SSH, hostfile); not for training.
-    "c5.xlarge": InstanceTypeInfo(gpus=0, efa=False, note="CPU only, for wiring tests"),
-    "m5.xlarge": InstanceTypeInfo(gpus=0, efa=False, note="CPU only, for wiring tests"),
+    "c5.xlarge": InstanceTypeInfo(0, 4, 0, 0.17, note="CPU only, for wiring tests"),
+    "m5.xlarge": InstanceTypeInfo(0, 4, 0, 0.192, note="CPU only, for wiring tests"),
 }
+
+# SageMaker AI's on-demand prices of the ml.* types the launchers use, USD per hour in us-east-1:
+# training jobs (launch/sagemaker) and the notebook instance (ml.t3.medium, which training does not
+# offer). SageMaker charges more per hour than EC2 does for the same hardware (the managed service
+# is included). None: no price recorded here; for ml.p4d and ml.p5, AWS's June 2025 cut of the EC2
+# P4 and P5 prices leaves their current SageMaker price to be read from the pricing page.
+SAGEMAKER_PRICES: dict[str, float | None] = {
+    "ml.p3.16xlarge": 28.152,
+    "ml.p3dn.24xlarge": 35.894,
+    "ml.p4d.24xlarge": None,
+    "ml.p5.48xlarge": None,
+    "ml.g5.xlarge": 1.408,
+    "ml.g5.2xlarge": 1.515,
+    "ml.g5.4xlarge": 2.03,
+    "ml.g5.8xlarge": 3.06,
+    "ml.g5.12xlarge": 7.09,
+    "ml.g5.16xlarge": 5.12,
+    "ml.g5.24xlarge": 10.18,
+    "ml.g5.48xlarge": 20.36,
+    "ml.m5.xlarge": 0.23,
+    "ml.c5.xlarge": 0.204,
+    "ml.t3.medium": 0.05,
+}
+
+def vcpu_quota(instance_type: str) -> tuple[str, str]:
+    """(quota code, quota name) of the on-demand vCPU quota `instance_type` counts against: P and G
+    families have their own; c5 and m5 count as standard."""
+    first = instance_type[0]
+    return VCPU_QUOTAS["P" if first == "p" else "G" if first == "g" else "standard"]
+
 
 EFA_INSTANCE_TYPES = tuple(name for name, info in INSTANCE_TYPES.items() if info.efa)
 
@@ -66,12 +122,13 @@ class AmiFamily:
 AMI_FAMILIES: tuple[AmiFamily, ...] = (
     # The boot script is written for Ubuntu (apt-get, the ubuntu user, /dev/sda1 root device).
     # Its release notes list G4dn, G5, G6, Gr6, G6e, P4d, P4de, P5, P5e, P5en and newer: the
-    # current driver branch dropped V100 (P3, P3dn).
+    # current driver branch dropped V100 (P3, P3dn). P6-B200 needs a driver of the 570 branch or newer.
     AmiFamily(
         description="Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu)",
         ssm_parameter=re.compile(r"^/aws/service/deeplearning/ami/x86_64/"
                                  r"base-oss-nvidia-driver-gpu-ubuntu-(22|24)\.04/"),
-        gpu_families=("g4dn", "g5", "g6", "gr6", "g6e", "p4d", "p4de", "p5", "p5e", "p5en")),
+        gpu_families=("g4dn", "g5", "g6", "gr6", "g6e", "p4d", "p4de", "p5", "p5e", "p5en",
+                      "p6-b200")),
 )
 
 

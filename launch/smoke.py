@@ -41,6 +41,7 @@ from botocore.exceptions import ClientError
 
 from infra import outputs
 from infra.config import EBS_VOLUME_GIB
+from launch import cost
 from launch.aws import LaunchError, make_session, require_output, stack_outputs
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -56,13 +57,10 @@ TRAIN_COMMAND = "/usr/local/bin/maskrcnn-train"
 # boundary to the CDK CLI and Docker, replaceable by tests.
 Runner = Callable[[Sequence[str], dict], int]
 
-# List prices, USD per hour, us-east-1 on-demand (2025); other regions differ by up to ~30%.
-PRICE_PER_HOUR = {
-    "m5.xlarge": 0.192, "c5.xlarge": 0.17,                       # EC2 Linux
-    "ml.m5.xlarge": 0.23, "ml.c5.xlarge": 0.204,                 # SageMaker training
-    "ml.t3.medium": 0.05,                                        # SageMaker notebook
-    "nat_gateway": 0.045, "public_ipv4": 0.005,
-}
+# List prices, USD per hour, us-east-1 on-demand (2025); other regions differ by up to ~30%. The
+# instances' prices (EC2 and SageMaker ml.* types) are infra/instance_types.py's, through
+# launch/cost.py; these are the rest.
+PRICE_PER_HOUR = {"nat_gateway": 0.045, "public_ipv4": 0.005}
 PRICE_PER_GB = {"nat_processing": 0.045}
 PRICE_PER_GB_MONTH = {"gp3": 0.08, "ecr": 0.10}
 HOURS_PER_MONTH = 730
@@ -119,8 +117,10 @@ class Settings:
         return f"{self.name_prefix}-{stack_id}"
 
     def cdk_context(self) -> list[str]:
-        """``-c key=value`` for every setting the deployment differs from cdk.json in."""
-        pairs = {"instance_type": self.cluster_instance_type, "worker_count": self.worker_count,
+        """``-c key=value`` for every setting the deployment differs from the defaults in. It
+        reads no settings file: the user's settings.json describes their own deployment."""
+        pairs = {"settings_file": "none",
+                 "instance_type": self.cluster_instance_type, "worker_count": self.worker_count,
                  "ebs_volume_size_gib": self.ebs_volume_size_gib, "efa": "false",
                  "name_prefix": self.name_prefix}
         return [arg for key, value in pairs.items() for arg in ("-c", f"{key}={value}")]
@@ -131,8 +131,10 @@ def _preset():
     return importlib.import_module(f"training.configs.{PRESET}")
 
 
-def _cdk_json_context() -> dict:
-    return json.loads((REPO_ROOT / "cdk.json").read_text())["context"]
+def _app_config(context: list[str]):
+    """The app's configuration for `-c key=value` flags (raises ConfigError as synth would)."""
+    from infra import settings
+    return settings.resolve(dict(a.split("=", 1) for a in context[1::2])).config
 
 
 # --- plan: expected cost and time --------------------------------------------------------------
@@ -153,8 +155,9 @@ def cost_items(settings: Settings, *, train_minutes: float | None = None) -> lis
     # build runs before anything exists on AWS).
     alive_h = (sum(s.minutes for s in plan) - IMAGE_BUILD_MINUTES
                - train.minutes + train_minutes) / 60
-    notebook = _cdk_json_context()["notebook_instance_type"]
-    notebook_gib = _cdk_json_context()["notebook_volume_size_gib"]
+    from infra.config import SETTINGS   # the smoke deployment keeps the notebook's defaults
+    notebook = SETTINGS["notebook_instance_type"].default
+    notebook_gib = SETTINGS["notebook_volume_size_gib"].default
     n = settings.cluster_nodes
     return [
         CostItem(f"EC2 cluster: {n} x {settings.cluster_instance_type}, {alive_h:.1f} h",
@@ -176,12 +179,11 @@ def cost_items(settings: Settings, *, train_minutes: float | None = None) -> lis
 
 
 def _price(instance_type: str) -> float:
-    try:
-        return PRICE_PER_HOUR[instance_type]
-    except KeyError:
-        raise LaunchError(f"no price known for {instance_type!r} (launch/smoke.py PRICE_PER_HOUR has "
-                          f"{', '.join(k for k in PRICE_PER_HOUR if '.' in k)}): add its on-demand price "
-                          f"there, so the plan can state the cost") from None
+    price = cost.price_per_hour(instance_type)
+    if price is None:
+        raise LaunchError(f"no price recorded for {instance_type!r} in infra/instance_types.py: add its "
+                          f"on-demand price there, so the plan can state the cost")
+    return price
 
 
 def plan_text(settings: Settings, *, account: str | None = None) -> str:
@@ -306,12 +308,21 @@ class Smoke:
 
     def preflight(self) -> str:
         """Read-only checks before anything is created; returns the account id."""
-        from infra.config import AppConfig, ConfigError
+        from infra.config import ConfigError
         context = self.settings.cdk_context()
         try:   # the app's own validation of what `cdk deploy -c ...` will pass (e.g. --name-prefix)
-            AppConfig.from_context({**_cdk_json_context(), **dict(a.split("=", 1) for a in context[1::2])})
+            config = _app_config(context)
         except ConfigError as err:
             raise SmokeError(f"infra/config.py refuses the smoke configuration: {err}") from None
+        # The deployment pre-flight of any deploy (launch/preflight.py) for this configuration:
+        # instance type in the zone, vCPU and Elastic IP quotas, stacks CloudFormation can deploy.
+        from launch.preflight import format_results, run_checks
+        results = run_checks(config, self.session)
+        failed = [r for r in results if not r.ok]
+        if failed:
+            raise SmokeError("the pre-flight found what would stop the deploy (nothing was created):\n"
+                             + "\n".join(f"  {r.name}: {r.message}" for r in failed))
+        self.out("\npre-flight:\n" + format_results(results))
         account = self.session.client("sts").get_caller_identity()["Account"]
         try:
             self.session.client("ssm").get_parameter(Name=CDK_BOOTSTRAP_PARAMETER)

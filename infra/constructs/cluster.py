@@ -1,5 +1,7 @@
-"""The EC2 GPU cluster: a master auto-scaling group (1 node, public subnet) and a worker group
-(N nodes, private subnet) in one cluster placement group, booted by infra/userdata/cluster_node.sh.
+"""The EC2 GPU cluster: a master auto-scaling group (1 node; in the public subnet with an Elastic
+IP, or in the private subnet when each node has several network interfaces) and a worker group
+(N nodes, private subnet), placed together (one cluster placement group, or the capacity
+reservation's placement), booted by infra/userdata/cluster_node.sh.
 
 What each node gets (the contract the launcher in launch/ builds on, see docs/infra.md):
 /etc/maskrcnn/cluster.env, EFS at /efs, the cluster SSH key in /etc/maskrcnn/ssh/, the hostfile
@@ -8,18 +10,23 @@ What each node gets (the contract the launcher in launch/ builds on, see docs/in
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
-from aws_cdk import ArnFormat, Aws, Duration, Stack, Tags
+from aws_cdk import Annotations, ArnFormat, Aws, Duration, Stack, Tags
 from aws_cdk import aws_autoscaling as autoscaling
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_iam as iam
+from aws_cdk import Fn, RemovalPolicy
+from aws_cdk import aws_logs as logs
+from aws_cdk import aws_s3_assets as s3_assets
+from aws_cdk import aws_ssm as ssm
 from aws_cdk import aws_secretsmanager as secretsmanager
 from aws_cdk import aws_sns as sns
 from constructs import Construct
 
 from infra.constructs.acknowledge import acknowledge
 from infra.constructs.network import allow_all_traffic_within
-from infra.userdata import CLUSTER_NODE_SCRIPT, script_body
+from infra.userdata import CLUSTER_NODE_BOOTSTRAP, CLUSTER_NODE_SCRIPT, script_body, sha256_of
 
 EFS_MOUNT = "/efs"
 # The FSx for Lustre file system, when the app has one (the DLAMI cluster example's run.sh looked here first).
@@ -46,12 +53,67 @@ class LustreMount:
 class NodeSpec:
     instance_type: str
     ebs_volume_size_gib: int
-    efa: bool
+    # EFA interfaces per node, one per EFA-capable network card (AppConfig.efa_interfaces); 0: a
+    # single ordinary interface.
+    efa_interfaces: int = 0
+    # A capacity reservation or Capacity Block id (cr-...) or a Capacity Reservation resource
+    # group ARN that every node launches into; None: open on-demand capacity.
+    capacity_reservation: str | None = None
+    # capacity_reservation is a Capacity Block for ML (launched with market type capacity-block).
+    capacity_block: bool = False
+
+
+def network_interfaces(groups: list[str], *, efa_interfaces: int,
+                       public: bool) -> list[dict[str, Any]]:
+    """A launch template's NetworkInterfaces (CloudFormation's property names).
+
+    With EFA, one EFA interface per network card: card 0 carries the primary interface (device
+    index 0), every other card one interface at device index 1, as AWS's "Maximize network
+    bandwidth on accelerated instances" describes for p4d and p5. Every interface carries the
+    node's security groups: with NetworkInterfaces in a launch template, the groups belong on the
+    interfaces, not in a template-level SecurityGroupIds. A public address is requested only with
+    a single interface: AWS assigns no public IPv4 address to an instance launched with several.
+    """
+    if public and efa_interfaces > 1:
+        raise ValueError(f"{efa_interfaces} network interfaces: AWS assigns no public IPv4 "
+                         "address to such an instance")
+    interfaces: list[dict[str, Any]] = []
+    for card in range(max(efa_interfaces, 1)):
+        interface: dict[str, Any] = {"DeviceIndex": 0 if card == 0 else 1, "Groups": groups,
+                                     "DeleteOnTermination": True}
+        if efa_interfaces:
+            interface.update({"NetworkCardIndex": card, "InterfaceType": "efa"})
+        if efa_interfaces <= 1:
+            # Set for both groups: a public master needs its address to reach AWS APIs from the
+            # public subnet (no NAT route there); workers must never get one.
+            interface["AssociatePublicIpAddress"] = public
+        interfaces.append(interface)
+    return interfaces
+
+
+def capacity_overrides(node: NodeSpec) -> dict[str, Any]:
+    """LaunchTemplateData properties that launch every node into node.capacity_reservation."""
+    if not node.capacity_reservation:
+        return {}
+    key = ("CapacityReservationResourceGroupArn" if node.capacity_reservation.startswith("arn:")
+           else "CapacityReservationId")
+    overrides: dict[str, Any] = {
+        "CapacityReservationSpecification": {
+            "CapacityReservationTarget": {key: node.capacity_reservation}}}
+    if node.capacity_block:
+        # EC2 launches into a Capacity Block only with this market type and the block's id.
+        overrides["InstanceMarketOptions"] = {"MarketType": "capacity-block"}
+    return overrides
 
 
 class GpuCluster(Construct):
-    """Master and worker groups with their launch templates, roles, security groups, placement
-    group, the cluster key's secret and the master's Elastic IP.
+    """Master and worker groups with their launch templates, roles, security groups, the
+    cluster key's secret, the cluster placement group (without a capacity reservation) and the
+    master's Elastic IP (when `master_public`).
+
+    `master_public`: the master runs in `master_subnet` (a public one) with a public address and
+    attaches an Elastic IP at boot; otherwise `master_subnet` is private, as the workers' is, and
+    the master has no public address (several network interfaces per node rule one out).
 
     Grants to shared resources (EFS, bucket, image) are wired by the stack, on `self.roles` and
     `self.security_group`. Launch and terminate failures of either group go to
@@ -59,12 +121,13 @@ class GpuCluster(Construct):
     """
 
     def __init__(self, scope: Construct, id: str, *, vpc: ec2.IVpc,
-                 master_subnet: ec2.ISubnet, worker_subnet: ec2.ISubnet,
+                 master_subnet: ec2.ISubnet, worker_subnet: ec2.ISubnet, master_public: bool,
                  machine_image: ec2.IMachineImage, node: NodeSpec, worker_count: int,
                  file_system_id: str, bucket_name: str, training_image_uri: str,
                  notification_topic: sns.ITopic,
                  ssh_cidr: str | None = None, key_pair_name: str | None = None,
-                 lustre: LustreMount | None = None) -> None:
+                 lustre: LustreMount | None = None, idle_scaledown_minutes: int = 0,
+                 boot_failure_limit: int, log_retention_days: int) -> None:
         super().__init__(scope, id)
         stack = Stack.of(self)
         # Fixed names (derived from the stack name) because every node's user data names both
@@ -106,9 +169,17 @@ class GpuCluster(Construct):
             resource_name=f"{self.cluster_key_name}-??????",
             arn_format=ArnFormat.COLON_RESOURCE_NAME)
 
-        self.master_address = ec2.CfnEIP(self, "MasterAddress", domain="vpc")
-        # One zone, low-latency network between all nodes (master and workers).
-        self.placement_group = ec2.CfnPlacementGroup(self, "PlacementGroup", strategy="cluster")
+        self.master_address = (ec2.CfnEIP(self, "MasterAddress", domain="vpc")
+                               if master_public else None)
+        # One zone, low-latency network between all nodes (master and workers). With a capacity
+        # reservation the reservation decides where the nodes go: a Capacity Block's instances
+        # are placed together by EC2, and a reservation made in a cluster placement group places
+        # its instances in that group (one this stack creates cannot hold a reservation made
+        # before the deploy). A second placement constraint, this stack's own group, could refuse
+        # launches the reservation has room for: AWS ParallelCluster warns of exactly that for
+        # Capacity Blocks and for reservations outside the chosen placement group.
+        self.placement_group = (None if node.capacity_reservation else
+                                ec2.CfnPlacementGroup(self, "PlacementGroup", strategy="cluster"))
 
         self.master_role = self._node_role("MasterRole", "Cluster master node")
         self.worker_role = self._node_role("WorkerRole", "Cluster worker node")
@@ -122,7 +193,9 @@ class GpuCluster(Construct):
         for role, group_name in ((self.master_role, self.master_group_name),
                                  (self.worker_role, self.worker_group_name)):
             self._allow_reporting_unhealthy(role, group_name)
-        self._allow_address_association(self.master_role)
+        self._allow_scaling_workers(self.master_role)
+        if self.master_address is not None:
+            self._allow_address_association(self.master_role, self.master_address)
 
         common_env = {
             "STACK_NAME": Aws.STACK_NAME,
@@ -137,6 +210,9 @@ class GpuCluster(Construct):
             "NVME_MOUNT": NVME_MOUNT,
             "SSH_PORT": str(SSH_PORT),
             "VPC_CIDR": vpc.vpc_cidr_block,
+            # The master's idle check (launch/cluster/idle.py) scales the workers to 0 after this
+            # many minutes without a training job; 0: never.
+            "IDLE_SCALEDOWN_MINUTES": str(idle_scaledown_minutes),
         }
         if lustre is not None:
             # Absent without the option: the boot script then mounts nothing at /fsx.
@@ -146,12 +222,15 @@ class GpuCluster(Construct):
                     if key_pair_name else None)
 
         self.notification_topic = notification_topic
+        self._boot_reporting(boot_failure_limit, log_retention_days)
+        master_env = {**common_env, "ROLE": "master"}
+        if self.master_address is not None:
+            # Absent on a private master: the boot script then attaches no address.
+            master_env["EIP_ALLOCATION_ID"] = self.master_address.attr_allocation_id
         self.master_group = self._node_group(
             "Master", vpc=vpc, role=self.master_role, groups=master_groups, subnet=master_subnet,
-            size=1, public=True, node=node, machine_image=machine_image, key_pair=key_pair,
-            env={**common_env, "ROLE": "master",
-                 "EIP_ALLOCATION_ID": self.master_address.attr_allocation_id},
-            group_name=self.master_group_name)
+            size=1, public=master_public, node=node, machine_image=machine_image,
+            key_pair=key_pair, env=master_env, group_name=self.master_group_name)
         self.worker_group = self._node_group(
             "Worker", vpc=vpc, role=self.worker_role, groups=[self.security_group],
             subnet=worker_subnet, size=worker_count, public=False, node=node,
@@ -213,12 +292,28 @@ class GpuCluster(Construct):
             "Only the node's own auto-scaling group, by name: the UUID in a group's ARN is "
             "assigned when the group is created.")
 
-    def _allow_address_association(self, role: iam.Role) -> None:
+    def _allow_scaling_workers(self, role: iam.Role) -> None:
+        """The master scales the worker group: to 0 when idle, back to its MaxSize for a run."""
+        role.add_to_policy(iam.PolicyStatement(
+            sid="ScaleWorkerGroup", actions=["autoscaling:SetDesiredCapacity"],
+            resources=[Stack.of(self).format_arn(
+                service="autoscaling", resource="autoScalingGroup",
+                resource_name=f"*:autoScalingGroupName/{self.worker_group_name}",
+                arn_format=ArnFormat.COLON_RESOURCE_NAME)]))
+        acknowledge(
+            role, f"AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:autoscaling:<AWS::Region>:"
+                  f"<AWS::AccountId>:autoScalingGroup:*:autoScalingGroupName/"
+                  f"{self.worker_group_name}]",
+            "Only the worker group, by name (the UUID in a group's ARN is assigned when the group "
+            "is created): the master's idle check scales it to zero and a training run scales it "
+            "back to its MaxSize.")
+
+    def _allow_address_association(self, role: iam.Role, address: ec2.CfnEIP) -> None:
         stack = Stack.of(self)
         role.add_to_policy(iam.PolicyStatement(
             sid="AttachMasterAddress", actions=["ec2:AssociateAddress"],
             resources=[stack.format_arn(service="ec2", resource="elastic-ip",
-                                        resource_name=self.master_address.attr_allocation_id)]))
+                                        resource_name=address.attr_allocation_id)]))
         # The instance id is assigned by the auto-scaling group at launch; the group tags its
         # instances with its name, so only a master-group instance can receive the address.
         role.add_to_policy(iam.PolicyStatement(
@@ -233,6 +328,72 @@ class GpuCluster(Construct):
             "auto-scaling group at launch, so the statement allows instances by the "
             "aws:autoscaling:groupName tag of the master group only.")
 
+    # --- boot logs and boot failures -----------------------------------------------------------
+
+    def _boot_reporting(self, boot_failure_limit: int, log_retention_days: int) -> None:
+        """The deployment's log group, which each node's CloudWatch agent fills with its boot
+        logs, and the boot steps as an S3 asset: the user data only fetches them, so it stays far
+        below EC2's 16 KB limit however they grow (docs/infra.md, "Boot logs")."""
+        stack = Stack.of(self)
+        self.boot_failure_limit = boot_failure_limit
+        # Retained when the stack is deleted: the logs are what explains a failure afterwards.
+        # Hence unique per stack (its id's UUID): a fixed name would make the next deployment of
+        # the same stack fail to create the group the last one left behind.
+        self.node_log_group = logs.CfnLogGroup(
+            self, "NodeLogs", retention_in_days=log_retention_days,
+            log_group_name=Fn.join("", [f"/maskrcnn/{stack.stack_name}/nodes-",
+                                        Fn.select(2, Fn.split("/", Aws.STACK_ID))]))
+        self.node_log_group.apply_removal_policy(RemovalPolicy.RETAIN)
+        self.boot_steps = s3_assets.Asset(self, "BootSteps", path=str(CLUSTER_NODE_SCRIPT))
+        # A node runs the object only if it is what was synthesized: whoever may write to the CDK
+        # assets bucket could otherwise change what every node runs as root.
+        self.boot_steps_sha256 = sha256_of(CLUSTER_NODE_SCRIPT)
+
+    def _boot_failure_guard(self, prefix: str, role: iam.IRole,
+                            group_name: str) -> dict[str, str]:
+        """The group's count of consecutive failed boots, and the statements a node of the group
+        needs to report its boot: count (ssm), stop its own group launching at the limit
+        (autoscaling), tell the alerts topic (sns), ship its boot logs (logs), fetch the boot
+        steps (s3). Returns the cluster.env lines that name them (cluster_node_bootstrap.sh)."""
+        stack = Stack.of(self)
+        name = f"/maskrcnn/{stack.stack_name}/boot-failures/{prefix.lower()}"
+        # Not retained: a count of this deployment's boots means nothing to the next one.
+        ssm.StringParameter(
+            self, f"{prefix}BootFailures", parameter_name=name, string_value="0",
+            description=f"Consecutive failed node boots of {group_name}; at "
+                        f"{self.boot_failure_limit} the group stops launching")
+        role.add_to_principal_policy(iam.PolicyStatement(
+            sid="CountOwnBootFailures", actions=["ssm:GetParameter", "ssm:PutParameter"],
+            resources=[stack.format_arn(service="ssm", resource="parameter",
+                                        resource_name=name.lstrip("/"))]))
+        # Same resource as ReportOwnBootFailure (acknowledged there): the group, by name.
+        role.add_to_principal_policy(iam.PolicyStatement(
+            sid="StopOwnGroupLaunching", actions=["autoscaling:SuspendProcesses"],
+            resources=[stack.format_arn(
+                service="autoscaling", resource="autoScalingGroup",
+                resource_name=f"*:autoScalingGroupName/{group_name}",
+                arn_format=ArnFormat.COLON_RESOURCE_NAME)]))
+        role.add_to_principal_policy(iam.PolicyStatement(
+            sid="AlertBootFailures", actions=["sns:Publish"],
+            resources=[self.notification_topic.topic_arn]))
+        # The group's ARN ends in ":*", which covers its streams (PutLogEvents is on a stream).
+        role.add_to_principal_policy(iam.PolicyStatement(
+            sid="ShipBootLogs",
+            actions=["logs:CreateLogStream", "logs:DescribeLogStreams", "logs:PutLogEvents"],
+            resources=[self.node_log_group.attr_arn]))
+        role.add_to_principal_policy(iam.PolicyStatement(
+            sid="FetchBootSteps", actions=["s3:GetObject"],
+            resources=[self.boot_steps.bucket.arn_for_objects(self.boot_steps.s3_object_key)]))
+        return {
+            "ASG_NAME": group_name,
+            "BOOT_FAILURES_PARAMETER": name,
+            "BOOT_FAILURE_LIMIT": str(self.boot_failure_limit),
+            "ALERTS_TOPIC_ARN": self.notification_topic.topic_arn,
+            "LOG_GROUP": self.node_log_group.ref,
+            "BOOT_SCRIPT_URL": self.boot_steps.s3_object_url,
+            "BOOT_SCRIPT_SHA256": self.boot_steps_sha256,
+        }
+
     # --- groups ------------------------------------------------------------------------------
 
     def _node_group(self, prefix: str, *, vpc: ec2.IVpc, role: iam.IRole,
@@ -246,10 +407,7 @@ class GpuCluster(Construct):
             instance_type=ec2.InstanceType(node.instance_type),
             machine_image=machine_image,
             role=role,
-            security_group=groups[0],
-            # Set for both: the master needs a public address to reach AWS APIs from the public
-            # subnet (no NAT route there); workers must never get one.
-            associate_public_ip_address=public,
+            # Security groups and the public address are set on the network interfaces below.
             user_data=user_data,
             require_imdsv2=True,
             block_devices=[ec2.BlockDevice(
@@ -259,23 +417,36 @@ class GpuCluster(Construct):
                     volume_type=ec2.EbsDeviceVolumeType.GP3))],
             key_pair=key_pair,
         )
-        # By Ref (which is the group's name), set on the L1 resource: CDK's `placement_group`
-        # would use Fn::GetAtt, which the local CloudFormation emulator used in the tests lacks.
-        template.node.default_child.add_property_override(
-            "LaunchTemplateData.Placement.GroupName", self.placement_group.ref)
-        for extra in groups[1:]:
-            template.add_security_group(extra)
-        if node.efa:
-            # One EFA interface, on network card 0 (where the master's public address goes).
-            template.node.default_child.add_property_override(
-                "LaunchTemplateData.NetworkInterfaces.0.InterfaceType", "efa")
+        launch_template_data = template.node.default_child
+        # CDK's LaunchTemplate builds at most one interface: the whole list is set on the L1.
+        launch_template_data.add_property_override(
+            "LaunchTemplateData.NetworkInterfaces",
+            network_interfaces([g.security_group_id for g in groups],
+                               efa_interfaces=node.efa_interfaces, public=public))
+        if self.placement_group is not None:
+            # By Ref (which is the group's name), set on the L1 resource: CDK's `placement_group`
+            # would use Fn::GetAtt, which the local CloudFormation emulator used in the tests
+            # lacks.
+            launch_template_data.add_property_override(
+                "LaunchTemplateData.Placement.GroupName", self.placement_group.ref)
+        for key, value in capacity_overrides(node).items():
+            launch_template_data.add_property_override(f"LaunchTemplateData.{key}", value)
 
         group = autoscaling.AutoScalingGroup(
             self, f"{prefix}Group",
             vpc=vpc,
             vpc_subnets=ec2.SubnetSelection(subnets=[subnet]),
             launch_template=template,
-            min_capacity=size, max_capacity=size,
+            # MinSize 0 lets pause and the idle scale-down take a group to zero nodes; MaxSize is
+            # the configured size, which resume and a training run scale back to, and
+            # DesiredCapacity starts the group at that size (and is what the creation policy's
+            # wait_for_all counts).
+            min_capacity=0, max_capacity=size, desired_capacity=size,
+            # CloudFormation changes a group's MinSize, MaxSize and DesiredCapacity on a stack
+            # update only when the template's values change: a redeploy with unchanged sizes
+            # (a new image, another setting) leaves a paused or scaled-down group as it is,
+            # while a changed worker_count applies. Named here because pause and resume rely on it.
+            ignore_unmodified_size_properties=True,
             auto_scaling_group_name=group_name,
             # `cdk deploy` completes only when every node's boot script has succeeded.
             signals=autoscaling.Signals.wait_for_all(timeout=BOOT_TIMEOUT) if size else None,
@@ -288,17 +459,24 @@ class GpuCluster(Construct):
         acknowledge(
             group, "AwsSolutions-AS3",
             "Launch and terminate errors are notified (the SNS topic); successful launches "
-            "and terminations of a fixed-size group are the user's own deploys and destroys, "
-            "visible in the group's activity history.")
+            "and terminations are the user's own deploys, destroys, pauses and resumes, the "
+            "master's idle scale-down and a run's scale-up, visible in the group's activity "
+            "history.")
+        Annotations.of(group).acknowledge_warning(
+            "@aws-cdk/aws-autoscaling:desiredCapacitySet",
+            "DesiredCapacity is the configured size at creation; IgnoreUnmodifiedGroupSizeProperties "
+            "keeps a deploy with unchanged sizes from resetting a paused or scaled-down group.")
 
         # The logical id is known only once the group exists; the user data is rendered at synth.
-        env = {**env, "ASG_LOGICAL_ID": Stack.of(self).get_logical_id(group.node.default_child)}
+        env = {**env, "ASG_LOGICAL_ID": Stack.of(self).get_logical_id(group.node.default_child),
+               **self._boot_failure_guard(prefix, role, group_name)}
+        # The boot steps (cluster_node.sh) are not in the user data: the bootstrap fetches them.
         user_data.add_commands(
             "mkdir -p /etc/maskrcnn",
             "cat > /etc/maskrcnn/cluster.env <<'EOF'",
             *(f"{key}={value}" for key, value in env.items()),
             "EOF",
-            script_body(CLUSTER_NODE_SCRIPT),
+            script_body(CLUSTER_NODE_BOOTSTRAP),
         )
         return group
 

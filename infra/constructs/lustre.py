@@ -22,7 +22,13 @@ LUSTRE_PORTS = (ec2.Port.tcp(988), ec2.Port.tcp_range(1018, 1023))
 
 
 class LustreCache(Construct):
-    """A SCRATCH_2 file system linked to the data bucket, and the SSM parameters other stacks read.
+    """A SCRATCH_2 file system linked to the data bucket (when `storage_gib` > 0), its security
+    group (always), and the SSM parameters other stacks read.
+
+    The security group exists whether or not the file system does: the training stacks add rules
+    that reference it, and EC2 refuses to delete a group that another group's rules still name.
+    `cdk deploy` updates this stack before the training stacks, so turning FSx off would otherwise
+    fail on the group while the old rules exist. An empty group costs nothing.
 
     SCRATCH_2, not PERSISTENT_2: the data's copy of record is the bucket (and EFS), so the cheaper
     type whose servers do not replicate is enough; a lost file server costs a re-read from S3.
@@ -44,21 +50,7 @@ class LustreCache(Construct):
         for port in LUSTRE_PORTS:
             self.security_group.add_egress_rule(self.security_group, port,
                                                 "Lustre between the file servers")
-        self.file_system = fsx.LustreFileSystem(
-            self, "FileSystem", vpc=vpc, vpc_subnet=subnet, storage_capacity_gib=storage_gib,
-            security_group=self.security_group,
-            lustre_configuration=fsx.LustreConfiguration(
-                deployment_type=fsx.LustreDeploymentType.SCRATCH_2,
-                import_path=f"s3://{data_bucket.bucket_name}/{LUSTRE_IMPORT_PREFIX}",
-                # Objects uploaded after creation (`launch.staging upload`) appear without a
-                # manual import task.
-                auto_import_policy=fsx.LustreAutoImportPolicy.NEW_CHANGED_DELETED),
-            removal_policy=RemovalPolicy.DESTROY)
         self.subnet = subnet
-
-        # Read by the training stacks at deploy time (as the EFS id is, see file_system.py):
-        # CloudFormation refuses to remove an export another stack imports, so with exports the
-        # option could not be switched off while a training stack exists.
         prefix = f"/maskrcnn/{Stack.of(self).stack_name}/lustre"
         self.parameter_names = {
             "file_system_id": f"{prefix}/file-system-id",
@@ -66,17 +58,39 @@ class LustreCache(Construct):
             "mount_name": f"{prefix}/mount-name",
             "security_group_id": f"{prefix}/security-group-id",
         }
-        values = {
-            "file_system_id": self.file_system.file_system_id,
-            "dns_name": self.file_system.dns_name,
-            "mount_name": self.file_system.mount_name,
-            "security_group_id": self.security_group.security_group_id,
-        }
-        for key, name in self.parameter_names.items():
-            ssm.StringParameter(
-                self, "".join(part.title() for part in key.split("_")) + "Parameter",
-                parameter_name=name, string_value=values[key],
-                description=f"FSx for Lustre {key.replace('_', ' ')}, read by the training stacks")
+        self._add_parameter("security_group_id", self.security_group.security_group_id)
+        self.file_system: fsx.LustreFileSystem | None = None
+        if not storage_gib:
+            return
+        self.file_system = fsx.LustreFileSystem(
+            self, "FileSystem", vpc=vpc, vpc_subnet=subnet, storage_capacity_gib=storage_gib,
+            security_group=self.security_group,
+            # FSx's default is Lustre 2.10, which AWS no longer recommends for new file systems.
+            # Changing the version replaces the file system (here: a fresh cache, reloaded from
+            # the bucket).
+            file_system_type_version=fsx.FileSystemTypeVersion.V_2_15,
+            lustre_configuration=fsx.LustreConfiguration(
+                deployment_type=fsx.LustreDeploymentType.SCRATCH_2,
+                import_path=f"s3://{data_bucket.bucket_name}/{LUSTRE_IMPORT_PREFIX}",
+                # Objects uploaded after creation (`launch.staging upload`) appear without a
+                # manual import task.
+                auto_import_policy=fsx.LustreAutoImportPolicy.NEW_CHANGED_DELETED),
+            removal_policy=RemovalPolicy.DESTROY)
+        # Read by the training stacks at deploy time (as the EFS id is, see file_system.py):
+        # CloudFormation refuses to remove an export another stack imports, so with exports the
+        # option could not be switched off while a training stack exists.
+        for key in ("file_system_id", "dns_name", "mount_name"):
+            self._add_parameter(key, getattr(self.file_system, key))
+
+    @property
+    def enabled(self) -> bool:
+        return self.file_system is not None
+
+    def _add_parameter(self, key: str, value: str) -> None:
+        ssm.StringParameter(
+            self, "".join(part.title() for part in key.split("_")) + "Parameter",
+            parameter_name=self.parameter_names[key], string_value=value,
+            description=f"FSx for Lustre {key.replace('_', ' ')}, read by the training stacks")
 
     def value_in(self, scope: Construct, key: str) -> str:
         """A value ('file_system_id', 'dns_name', 'mount_name', 'security_group_id') as `scope`'s

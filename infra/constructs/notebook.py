@@ -1,5 +1,6 @@
 """The SageMaker notebook from which users stage data and launch training jobs: private subnet,
-no direct internet access, KMS-encrypted volume, no root access, EFS mounted at ~/efs."""
+no direct internet access, KMS-encrypted volume, no root access, EFS mounted at ~/efs, and a stop
+after notebook_idle_minutes without activity."""
 from __future__ import annotations
 
 from aws_cdk import Aws, ArnFormat, Duration, Fn, RemovalPolicy, Stack
@@ -12,7 +13,7 @@ from constructs import Construct
 from infra.constructs.acknowledge import acknowledge
 from infra.constructs.project_code import ProjectCode
 from infra.constructs.training_job import TRAINING_LOG_GROUP
-from infra.userdata import NOTEBOOK_ON_START_SCRIPT, script_body
+from infra.userdata import NOTEBOOK_ON_START_SCRIPT, USERDATA_DIR, script_body
 
 # Amazon Linux 2023 (JupyterLab 4). SageMaker stopped creating and restarting Amazon Linux 2
 # notebooks (notebook-al2-*) on 2026-07-01. The lifecycle script relies only on what AL2023 keeps:
@@ -20,21 +21,46 @@ from infra.userdata import NOTEBOOK_ON_START_SCRIPT, script_body
 NOTEBOOK_PLATFORM = "notebook-al2023-v1"
 _IMDS_V2_ONLY = sagemaker.CfnNotebookInstance.InstanceMetadataServiceConfigurationProperty(
     minimum_instance_metadata_service_version="2")
+# The idle check the on-start script installs (docs/infra.md, "Notebook auto-stop").
+IDLE_STOP_SCRIPT = USERDATA_DIR / "notebook_idle_stop.py"
+_IDLE_STOP_END = "IDLE_STOP_PY"
+
+
+def on_start_script(*, file_system_id: str, region: str, project_code_url: str,
+                    idle_minutes: int) -> list[str]:
+    """The on-start lifecycle script, as the parts of an Fn::Join (the first three arguments may
+    be tokens): the settings, the idle check's source unless `idle_minutes` is 0, then
+    notebook_on_start.sh."""
+    parts = ["#!/bin/bash\n",
+             "export FILE_SYSTEM_ID=", file_system_id, "\n",
+             "export AWS_REGION=", region, "\n",
+             "export PROJECT_CODE_URL=", project_code_url, "\n",
+             f"export NOTEBOOK_IDLE_MINUTES={idle_minutes}\n"]
+    if idle_minutes:
+        # Inline: the project's copy in the Jupyter root is the user's to edit, and the check
+        # must run as deployed.
+        source = IDLE_STOP_SCRIPT.read_text()
+        if f"\n{_IDLE_STOP_END}\n" in source:
+            raise ValueError(f"{IDLE_STOP_SCRIPT.name} contains the here-document's end line")
+        parts.append(f"IFS= read -r -d '' IDLE_STOP_SOURCE <<'{_IDLE_STOP_END}' || true\n"
+                     f"{source}{_IDLE_STOP_END}\n")
+    return parts + [script_body(NOTEBOOK_ON_START_SCRIPT)]
 
 
 class Notebook(Construct):
     """A notebook instance whose role may run training jobs with `training_role` and nothing
     broader: create training jobs only in `training_subnets` with `training_security_group`,
     describe, stop and list them, read their logs, read this stack's outputs, and pass only the
-    training role, only to SageMaker."""
+    training role, only to SageMaker; and, with the idle stop, describe and stop itself."""
 
     def __init__(self, scope: Construct, id: str, *, vpc: ec2.IVpc, subnet: ec2.ISubnet,
                  instance_type: str, volume_size_gib: int, file_system_id: str,
                  training_role: iam.IRole, training_subnets: list[ec2.ISubnet],
-                 training_security_group: ec2.ISecurityGroup) -> None:
-        """The lifecycle script mounts EFS at ~/efs (linked as `efs` in the Jupyter root) and
+                 training_security_group: ec2.ISecurityGroup, idle_minutes: int) -> None:
+        """The lifecycle script mounts EFS at ~/efs (linked as `efs` in the Jupyter root),
         unpacks the project (code, docs, walkthrough notebook) into ~/SageMaker/maskrcnn-on-aws
-        on the first start."""
+        on the first start and, unless `idle_minutes` is 0, has the notebook stop itself after
+        that many minutes without kernel or terminal activity."""
         super().__init__(scope, id)
         stack = Stack.of(self)
 
@@ -103,13 +129,9 @@ class Notebook(Construct):
 
         self.project_code = ProjectCode(self, "ProjectCode")
         self.project_code.grant_download(self.role)
-        on_start = Fn.join("", [
-            "#!/bin/bash\n",
-            "export FILE_SYSTEM_ID=", file_system_id, "\n",
-            "export AWS_REGION=", Aws.REGION, "\n",
-            "export PROJECT_CODE_URL=", self.project_code.s3_url, "\n",
-            script_body(NOTEBOOK_ON_START_SCRIPT),
-        ])
+        on_start = Fn.join("", on_start_script(
+            file_system_id=file_system_id, region=Aws.REGION,
+            project_code_url=self.project_code.s3_url, idle_minutes=idle_minutes))
         self.lifecycle_config = sagemaker.CfnNotebookInstanceLifecycleConfig(
             self, "LifecycleConfig",
             on_start=[sagemaker.CfnNotebookInstanceLifecycleConfig.
@@ -132,3 +154,15 @@ class Notebook(Construct):
         )
         self.notebook_name: str = self.instance.attr_notebook_instance_name
 
+        if idle_minutes:
+            # The idle check stops this notebook and no other. The ARN as SageMaker reports it
+            # (Ref): SageMaker may write the name in lower case there, which an ARN built from
+            # the name would not match. A policy of its own: the default one must not wait for
+            # the instance, whose first start downloads the project with it.
+            notebook_arn = self.instance.notebook_instance_ref.notebook_instance_arn
+            iam.Policy(self, "IdleStopPolicy", roles=[self.role], statements=[
+                iam.PolicyStatement(
+                    sid="StopThisNotebookWhenIdle",
+                    actions=["sagemaker:DescribeNotebookInstance",
+                             "sagemaker:StopNotebookInstance"],
+                    resources=[notebook_arn])])

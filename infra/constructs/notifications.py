@@ -1,13 +1,14 @@
 """The SNS topic that tells the user when something they pay for by the hour goes wrong: cluster
-nodes that fail to launch or terminate (a replacement that never becomes healthy shows up here
-as a launch, then a terminate, over and over) and, with bursting EFS, running out of credits."""
+nodes that fail to launch or terminate, a group that stopped launching after consecutive failed
+boots (the failing node publishes which step failed and its log's tail), with bursting EFS,
+running out of credits, and, with a monthly budget, spend nearing it."""
 from __future__ import annotations
 
-from aws_cdk import Aws
+from aws_cdk import Aws, Stack
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_sns as sns
 from aws_cdk import aws_sns_subscriptions as subscriptions
-from constructs import Construct
+from constructs import Construct, IDependable
 
 from infra.constructs.acknowledge import acknowledge
 
@@ -24,7 +25,8 @@ class Notifications(Construct):
             self.topic, "AwsSolutions-SNS2",
             "Auto Scaling publishes with its service-linked role, which a KMS key policy can name "
             "only once it exists (a fresh account has none before its first group), and the "
-            "messages carry only group names, instance ids and alarm states, no data.")
+            "messages carry group names, instance ids, alarm states and the tail of a failed "
+            "boot's log (which logs no secrets), no training data.")
         # The topic policy (TLS only) replaces SNS's default one, which let the account's
         # CloudWatch alarms publish: without this statement an alarm's action fails with "not
         # authorized to perform SNS:Publish ... no resource-based policy allows". Auto Scaling
@@ -36,3 +38,17 @@ class Notifications(Construct):
             conditions={"StringEquals": {"aws:SourceAccount": Aws.ACCOUNT_ID}}))
         if email:
             self.topic.add_subscription(subscriptions.EmailSubscription(email))
+
+    def allow_budgets_to_publish(self) -> IDependable:
+        """Lets this account's AWS Budgets notifications publish here (MonthlyBudget). Budgets,
+        like CloudWatch, publishes as its service principal, which only the topic policy can
+        allow; the conditions keep other accounts' budgets out. Returns the topic policy."""
+        return self.topic.add_to_resource_policy(iam.PolicyStatement(
+            sid="BudgetsOfThisAccount", actions=["sns:Publish"],
+            principals=[iam.ServicePrincipal("budgets.amazonaws.com")],
+            resources=[self.topic.topic_arn],
+            conditions={
+                "StringEquals": {"aws:SourceAccount": Aws.ACCOUNT_ID},
+                "ArnLike": {"aws:SourceArn": Stack.of(self).format_arn(
+                    service="budgets", region="", resource="*")},
+            })).policy_dependable

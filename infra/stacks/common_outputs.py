@@ -18,7 +18,7 @@ def add_shared_outputs(stack: Stack, *, shared: NetworkStorageStack, image: Trai
     CfnOutput(stack, outputs.TRAINING_IMAGE_URI, value=image.image_uri)
     CfnOutput(stack, outputs.PRIVATE_SUBNET_IDS, value=Fn.join(
         ",", [subnet.subnet_id for subnet in shared.network.private_subnets]))
-    if shared.lustre is not None:
+    if shared.lustre.enabled:
         CfnOutput(stack, outputs.LUSTRE_FILE_SYSTEM_ID,
                   value=shared.lustre.value_in(stack, "file_system_id"))
         CfnOutput(stack, outputs.LUSTRE_MOUNT_NAME,

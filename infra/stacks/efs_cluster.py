@@ -28,27 +28,37 @@ class EfsClusterStack(Stack):
         self.cluster = GpuCluster(
             self, "Cluster",
             vpc=vpc,
-            # Same zone for both groups: a cluster placement group lives in one zone.
-            master_subnet=shared.network.public_subnets[config.cluster_zone_index],
+            # Same zone for both groups: a cluster placement group lives in one zone. A master
+            # with several network interfaces gets no public address, so it runs where the
+            # workers do and reaches AWS through the NAT gateway.
+            master_subnet=(shared.network.public_subnets if config.master_is_public
+                           else shared.network.private_subnets)[config.cluster_zone_index],
             worker_subnet=shared.network.private_subnets[config.cluster_zone_index],
+            master_public=config.master_is_public,
             machine_image=machine_image,
             node=NodeSpec(instance_type=config.instance_type,
-                          ebs_volume_size_gib=config.ebs_volume_size_gib, efa=config.efa),
+                          ebs_volume_size_gib=config.ebs_volume_size_gib,
+                          efa_interfaces=config.efa_interfaces,
+                          capacity_reservation=config.capacity_reservation,
+                          capacity_block=config.capacity_block),
             worker_count=config.worker_count,
+            idle_scaledown_minutes=config.idle_scaledown_minutes,
             file_system_id=shared.file_system.id_in(self),
             bucket_name=shared.data_bucket.bucket.bucket_name,
             training_image_uri=image.image_uri,
             notification_topic=shared.notifications.topic,
             ssh_cidr=config.ssh_cidr,
             key_pair_name=config.key_pair_name,
-            lustre=(None if shared.lustre is None else LustreMount(
+            lustre=(None if not shared.lustre.enabled else LustreMount(
                 dns_name=shared.lustre.value_in(self, "dns_name"),
                 mount_name=shared.lustre.value_in(self, "mount_name"))),
+            boot_failure_limit=config.boot_failure_limit,
+            log_retention_days=config.log_retention_days,
         )
 
         allow_nfs_from(self, "FileSystemAccessFromCluster", file_system=shared.file_system,
                        peer=self.cluster.security_group, description="NFS from the cluster nodes")
-        if shared.lustre is not None:
+        if shared.lustre.enabled:
             allow_lustre_from(self, "LustreAccessFromCluster", cache=shared.lustre,
                               peer=self.cluster.security_group,
                               clients="the cluster nodes")
@@ -57,12 +67,13 @@ class EfsClusterStack(Stack):
             shared.file_system.grant_client_access(role)
             image.grant_pull(role)
 
-        address = self.cluster.master_address.ref
-        CfnOutput(self, outputs.MASTER_ADDRESS, value=address,
-                  description="Public IP of the master (an Elastic IP the master attaches at boot)")
-        if config.ssh_cidr:
+        if self.cluster.master_address is not None:
+            CfnOutput(self, outputs.MASTER_ADDRESS, value=self.cluster.master_address.ref,
+                      description="Public IP of the master (an Elastic IP the master attaches "
+                                  "at boot)")
+        if config.ssh_cidr:   # only with a public master (AppConfig refuses it otherwise)
             connect = Fn.join("", [f"ssh -i ~/.ssh/{config.key_pair_name}.pem {LOGIN_USER}@",
-                                   address])
+                                   self.cluster.master_address.ref])
         else:
             connect = Fn.join("", [
                 "aws ssm start-session --region ", Aws.REGION, " --target $(aws autoscaling "
@@ -72,8 +83,8 @@ class EfsClusterStack(Stack):
         CfnOutput(self, outputs.CONNECT_COMMAND, value=connect,
                   description="Opens a shell on the master")
         CfnOutput(self, outputs.CLUSTER_AMI_ID, value=machine_image.get_image(self).image_id,
-                  description="AMI of the cluster nodes; pin it with -c ami_id=... so that "
-                              "replacement nodes run the same drivers (docs/infra.md)")
+                  description="AMI of the cluster nodes; pin it (python -m infra.settings set "
+                              "ami_id=...) so that replacement nodes run the same drivers")
         CfnOutput(self, outputs.MASTER_ASG_NAME, value=self.cluster.master_group_name)
         CfnOutput(self, outputs.WORKER_ASG_NAME, value=self.cluster.worker_group_name)
         add_shared_outputs(self, shared=shared, image=image)

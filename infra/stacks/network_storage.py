@@ -15,16 +15,22 @@ from infra.constructs.file_system import SharedFileSystem
 from infra.constructs.lustre import LustreCache
 from infra.constructs.network import Network
 from infra.constructs.notifications import Notifications
+from infra.constructs.budget import MonthlyBudget
 
 
 class NetworkStorageStack(Stack):
     def __init__(self, scope: Construct, id: str, *, existing_file_system_id: str | None,
                  efs_throughput_mode: str, notification_email: str | None = None,
                  availability_zones: tuple[str, ...] | None = None,
-                 lustre_storage_gib: int = 0, lustre_zone_index: int = 0, **kwargs) -> None:
+                 lustre_storage_gib: int = 0, lustre_zone_index: int = 0,
+                 monthly_budget_usd: int | None = None, **kwargs) -> None:
         super().__init__(scope, id, description="Mask R-CNN training: shared VPC, EFS and S3 "
                          "(stateful resources are retained on delete)", **kwargs)
         self.notifications = Notifications(self, "Notifications", email=notification_email)
+        if monthly_budget_usd:
+            # The shared stack lives as long as the deployment; it counts the stack tags' spend.
+            MonthlyBudget(self, "MonthlyBudget", amount_usd=monthly_budget_usd,
+                          notifications=self.notifications, tags=self.tags.tag_values())
         self.log_bucket = LogBucket(self, "LogBucket")
         self.network = Network(self, "Network", flow_log_bucket=self.log_bucket.bucket,
                                availability_zones=availability_zones)
@@ -42,13 +48,17 @@ class NetworkStorageStack(Stack):
                                       access_log_bucket=self.log_bucket.bucket)
 
         # Optional FSx for Lustre, in the cluster's zone (cluster nodes mount it; SageMaker jobs
-        # reading it run in that zone's subnet).
-        self.lustre: LustreCache | None = None
-        if lustre_storage_gib:
-            self.lustre = LustreCache(
-                self, "Lustre", vpc=self.network.vpc,
-                subnet=self.network.private_subnets[lustre_zone_index],
-                storage_gib=lustre_storage_gib, data_bucket=self.data_bucket.bucket)
+        # reading it run in that zone's subnet). Its security group exists either way.
+        self.lustre = LustreCache(
+            self, "Lustre", vpc=self.network.vpc,
+            subnet=self.network.private_subnets[lustre_zone_index],
+            storage_gib=lustre_storage_gib, data_bucket=self.data_bucket.bucket)
+
+        # Every subnet is exported, not only those a training stack uses today: moving the
+        # cluster to the other zone must not remove an export the deployed cluster stack still
+        # imports (CloudFormation refuses, and `cdk deploy` updates this stack first).
+        for subnet in (*self.network.public_subnets, *self.network.private_subnets):
+            self.export_value(subnet.subnet_id)
 
         CfnOutput(self, outputs.FILE_SYSTEM_ID, value=self.file_system.file_system_id)
         CfnOutput(self, outputs.BUCKET_NAME, value=self.data_bucket.bucket.bucket_name)

@@ -31,13 +31,14 @@ class SageMakerStack(Stack):
             volume_size_gib=config.notebook_volume_size_gib,
             file_system_id=shared.file_system.id_in(self), training_role=training.role,
             training_subnets=shared.network.private_subnets,
-            training_security_group=training.security_group)
+            training_security_group=training.security_group,
+            idle_minutes=config.notebook_idle_minutes)
 
         allow_nfs_from(self, "FileSystemAccessFromTrainingJobs", file_system=shared.file_system,
                        peer=training.security_group, description="NFS from training jobs")
         allow_nfs_from(self, "FileSystemAccessFromNotebook", file_system=shared.file_system,
                        peer=notebook.security_group, description="NFS from the notebook")
-        if shared.lustre is not None:
+        if shared.lustre.enabled:
             allow_lustre_from(self, "LustreAccessFromTrainingJobs", cache=shared.lustre,
                               peer=training.security_group,
                               clients="training jobs")

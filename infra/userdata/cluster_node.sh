@@ -1,6 +1,9 @@
 #!/bin/bash
-# Boot script of an EfsClusterStack node (master or worker). cloud-init runs it once, as root, on
-# first boot; the launch template's user data writes /etc/maskrcnn/cluster.env just before it.
+# Boot steps of an EfsClusterStack node (master or worker), run once, as root, on first boot. The
+# launch template's user data (cluster.env, then cluster_node_bootstrap.sh) downloads this file
+# from the CDK assets bucket, checks its SHA-256 and runs it in its own shell: the boot's log,
+# log/retry/imds/signal, INSTANCE_ID, PRIVATE_IP, INSTANCE_TYPE, the settings of cluster.env and
+# the reporting of the boot's result (success, or failure at any error) come from there.
 #
 # What it leaves behind (the contract launch/ builds on; docs/infra.md describes it):
 #   /efs                                EFS, mounted now and from /etc/fstab on every reboot
@@ -15,64 +18,88 @@
 #                                       $PRIVATE_IP:$SSH_PORT), restarted by Docker after a
 #                                       reboot, once /efs is mounted again
 #   /usr/local/bin/maskrcnn-train       the one command that starts training (on the master)
-set -Eeuo pipefail
-exec > >(tee -a /var/log/maskrcnn-boot.log) 2>&1
-
-set -a
-# shellcheck source=/dev/null
-. /etc/maskrcnn/cluster.env
-set +a
-export AWS_DEFAULT_REGION="$AWS_REGION"
+#   maskrcnn-idle.timer                 on the master, unless IDLE_SCALEDOWN_MINUTES is 0: every
+#                                       minute the idle check, which scales idle workers to 0
+if ! declare -F boot_failed >/dev/null; then
+  echo "cluster_node.sh runs inside the user data's cluster_node_bootstrap.sh, not alone" >&2
+  exit 2
+fi
 REGISTRY="$EFS_MOUNT/.maskrcnn/$STACK_NAME/nodes"
-# The instance metadata service; the variable is the AWS SDKs' standard override.
-IMDS="${AWS_EC2_METADATA_SERVICE_ENDPOINT:-http://169.254.169.254}"
-IMDS="${IMDS%/}"
 KEY_HEADER='-----BEGIN OPENSSH PRIVATE KEY-----'
 # Seconds between checks while a node waits for the master's key or for every node to register.
 # Nothing sets the variable on an instance; the boot tests shorten the wait with it.
 POLL_SECONDS="${MASKRCNN_BOOT_POLL_SECONDS:-15}"
 
-log() { echo "[maskrcnn-boot $(date -u +%FT%TZ)] $*" >&2; }
+# The CloudWatch agent ships this boot's log and cloud-init's output to the deployment's log group
+# (LOG_GROUP) as they are written, so a failed or hung boot can be read after, or without, the
+# node. The Deep Learning AMIs' release notes list the agent among their packages; on an AMI
+# without it AWS's package is installed, once its signature checks out against AWS's key. The
+# agent's paths can be overridden from the environment: the boot-script tests stand in for the
+# agent and serve local files.
+CLOUDWATCH_AGENT_CTL=${CLOUDWATCH_AGENT_CTL:-/opt/aws/amazon-cloudwatch-agent/bin/amazon-cloudwatch-agent-ctl}
+CLOUDWATCH_AGENT_KEY_URL=${CLOUDWATCH_AGENT_KEY_URL:-https://amazoncloudwatch-agent.s3.amazonaws.com/assets/amazon-cloudwatch-agent.gpg}
+# The fingerprint of the key that signs the agent's packages, as AWS publishes it ("Verifying the
+# signature of the CloudWatch agent package").
+CLOUDWATCH_AGENT_KEY_FINGERPRINT=937616F3450B7D806CBD9725D58167303B789C72
+CLOUDWATCH_AGENT_CONFIG=/etc/maskrcnn/cloudwatch-agent.json
 
-retry() {  # retry ATTEMPTS DELAY_SECONDS COMMAND...
-  local attempts=$1 delay=$2 n=1
-  shift 2
-  until "$@"; do
-    if (( n >= attempts )); then
-      log "gave up after $n attempts: $*"
-      return 1
-    fi
-    n=$((n + 1))
-    sleep "$delay"
-  done
+agent_package_verified() {  # agent_package_verified DIR: AWS's package in DIR, signed by AWS's key
+  local dir=$1 signer
+  local url=${CLOUDWATCH_AGENT_URL:-https://amazoncloudwatch-agent-$AWS_REGION.s3.$AWS_REGION.amazonaws.com/ubuntu/$(dpkg --print-architecture)/latest/amazon-cloudwatch-agent.deb}
+  retry 5 10 curl -sSf -o "$dir/agent.deb" "$url" || { log "cannot download $url"; return 1; }
+  retry 5 10 curl -sSf -o "$dir/agent.deb.sig" "$url.sig" || { log "cannot download $url.sig"; return 1; }
+  retry 5 10 curl -sSf -o "$dir/key.gpg" "$CLOUDWATCH_AGENT_KEY_URL" \
+    || { log "cannot download $CLOUDWATCH_AGENT_KEY_URL"; return 1; }
+  mkdir -m 0700 "$dir/gnupg" || return 1
+  GNUPGHOME="$dir/gnupg" gpg --batch --quiet --import "$dir/key.gpg" 2>/dev/null \
+    || { log "cannot import the agent's signing key: not installed"; return 1; }
+  # The primary key of a valid signature (the last field of gpg's VALIDSIG status line), not just
+  # any key the downloaded key file holds.
+  signer=$(GNUPGHOME="$dir/gnupg" gpg --batch --status-fd 1 \
+             --verify "$dir/agent.deb.sig" "$dir/agent.deb" 2>/dev/null \
+           | awk '$2 == "VALIDSIG" {print $NF}')
+  if [[ "$signer" != "$CLOUDWATCH_AGENT_KEY_FINGERPRINT" ]]; then
+    log "$url is not signed by the key $CLOUDWATCH_AGENT_KEY_FINGERPRINT: not installed"
+    return 1
+  fi
 }
 
-imds() {  # IMDSv2: the launch template requires session tokens
-  local token
-  token=$(curl -sf -X PUT "$IMDS/latest/api/token" \
-    -H 'X-aws-ec2-metadata-token-ttl-seconds: 300')
-  curl -sf -H "X-aws-ec2-metadata-token: $token" "$IMDS/latest/meta-data/$1"
+install_cloudwatch_agent() {
+  local dir status=0
+  dir=$(mktemp -d)
+  agent_package_verified "$dir" && dpkg -i "$dir/agent.deb" >/dev/null || status=1
+  rm -rf "$dir"
+  return "$status"
 }
 
-signal() {  # report this node's boot result to the auto-scaling group's creation policy
-  aws cloudformation signal-resource --stack-name "$STACK_NAME" \
-    --logical-resource-id "$ASG_LOGICAL_ID" --unique-id "$INSTANCE_ID" --status "$1" || true
+ship_logs() {  # never fails the boot: without the agent the log stays on the node
+  if [[ ! -x "$CLOUDWATCH_AGENT_CTL" ]] && ! install_cloudwatch_agent; then
+    log "warning: no CloudWatch agent; the boot log is in $BOOT_LOG on this node only"
+    return 0
+  fi
+  cat > "$CLOUDWATCH_AGENT_CONFIG" <<JSON
+{
+  "agent": {"run_as_user": "root"},
+  "logs": {
+    "force_flush_interval": 5,
+    "logs_collected": {"files": {"collect_list": [
+      {"file_path": "/var/log/cloud-init-output.log", "log_group_name": "$LOG_GROUP",
+       "log_stream_name": "$INSTANCE_ID/cloud-init-output.log"},
+      {"file_path": "$BOOT_LOG", "log_group_name": "$LOG_GROUP",
+       "log_stream_name": "$INSTANCE_ID/maskrcnn-boot.log"}
+    ]}}
+  }
 }
-
-boot_failed() {
-  log "boot failed at line $1"
-  # At stack creation the FAILURE signal fails the deploy. After it (a replacement or scale-out
-  # node), CloudFormation ignores signals: marking the instance unhealthy makes its group
-  # terminate and replace it, instead of keeping a broken node InService.
-  signal FAILURE
-  aws autoscaling set-instance-health --instance-id "$INSTANCE_ID" --health-status Unhealthy \
-    --no-should-respect-grace-period || true
+JSON
+  if "$CLOUDWATCH_AGENT_CTL" -a fetch-config -m ec2 -s -c "file:$CLOUDWATCH_AGENT_CONFIG" \
+       >/dev/null; then
+    # shellcheck disable=SC2034  # read by the bootstrap's failure path
+    LOGS_SHIPPED=1
+    log "boot log shipped to CloudWatch Logs: $LOG_GROUP, $INSTANCE_ID/maskrcnn-boot.log"
+  else
+    log "warning: the CloudWatch agent did not start; the boot log is in $BOOT_LOG only"
+  fi
 }
-
-INSTANCE_ID=$(retry 10 3 imds instance-id)
-PRIVATE_IP=$(retry 10 3 imds local-ipv4)
-INSTANCE_TYPE=$(retry 10 3 imds instance-type)
-trap 'boot_failed $LINENO' ERR
 
 gpu_count() {
   nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true
@@ -175,6 +202,11 @@ register_node() {
 }
 
 attach_master_address() {
+  # Only a master in the public subnet has an Elastic IP: one with several network interfaces
+  # (EFA on each card) runs in the private subnet, and cluster.env then has no allocation id.
+  if [[ -z "${EIP_ALLOCATION_ID:-}" ]]; then
+    return 0
+  fi
   retry 10 6 aws ec2 associate-address --allocation-id "$EIP_ALLOCATION_ID" \
     --instance-id "$INSTANCE_ID" --allow-reassociation >/dev/null
 }
@@ -262,6 +294,40 @@ WRAPPER
   chmod 0755 /usr/local/bin/maskrcnn-train
 }
 
+install_idle_check() {  # master: idle workers scale to zero (launch/cluster/idle.py, docs/infra.md)
+  (( ${IDLE_SCALEDOWN_MINUTES:-0} > 0 )) || return 0
+  cat > /usr/local/bin/maskrcnn-idle-check <<'CHECK'
+#!/bin/bash
+# Run every minute by maskrcnn-idle.timer: the idle check, in the maskrcnn container, which holds
+# the code and sees the training processes. While the container is not running (boot, restart)
+# there is nothing to check from; the check restarts its idle count after such a gap.
+[[ "$(docker inspect -f '{{.State.Running}}' maskrcnn 2>/dev/null)" == true ]] || exit 0
+exec docker exec maskrcnn python -m launch.cluster.idle
+CHECK
+  chmod 0755 /usr/local/bin/maskrcnn-idle-check
+  cat > /etc/systemd/system/maskrcnn-idle.service <<'UNIT'
+[Unit]
+Description=Scale the worker group to zero when no training job has run for IDLE_SCALEDOWN_MINUTES
+After=docker.service
+
+[Service]
+Type=oneshot
+ExecStart=/usr/local/bin/maskrcnn-idle-check
+UNIT
+  cat > /etc/systemd/system/maskrcnn-idle.timer <<'UNIT'
+[Unit]
+Description=Check every minute whether the cluster's workers are idle
+
+[Timer]
+OnCalendar=minutely
+
+[Install]
+WantedBy=timers.target
+UNIT
+  systemctl daemon-reload
+  systemctl enable --now maskrcnn-idle.timer
+}
+
 group_field() {  # group_field GROUP_NAME JMESPATH
   aws autoscaling describe-auto-scaling-groups --auto-scaling-group-names "$1" \
     --query "AutoScalingGroups[0].$2" --output text
@@ -300,6 +366,7 @@ write_hostfile() {  # write_hostfile WAIT_SECONDS: wait up to that long for ever
 }
 
 log "node $INSTANCE_ID ($ROLE, $INSTANCE_TYPE) at $PRIVATE_IP"
+ship_logs
 GPUS=$(gpu_count)
 check_gpus
 SLOTS=$(( GPUS > 0 ? GPUS : 1 ))  # a CPU-only node runs one process
@@ -317,9 +384,9 @@ install_cluster_key
 start_container
 install_train_command
 if [[ "$ROLE" == master ]]; then
+  install_idle_check
   write_hostfile 1200  # workers boot in parallel; launch/ rewrites the hostfile at launch anyway
 else
   write_hostfile 0
 fi
-signal SUCCESS
 log "ready: $GPUS GPUs, container maskrcnn running"

@@ -1,8 +1,10 @@
 #!/bin/bash
 # On-start lifecycle script of the SageMaker notebook. SageMaker runs it as root at every start
-# (limit: 5 minutes); the stack prepends FILE_SYSTEM_ID, AWS_REGION and PROJECT_CODE_URL. Unpacks
-# the project into the Jupyter root on the first start, and mounts the shared EFS at ~/efs (shown
-# as `efs` in the file browser), where COCO staged once serves the training jobs and the cluster.
+# (limit: 5 minutes); the stack prepends FILE_SYSTEM_ID, AWS_REGION, PROJECT_CODE_URL,
+# NOTEBOOK_IDLE_MINUTES and, unless that is 0, IDLE_STOP_SOURCE (notebook_idle_stop.py). Unpacks
+# the project into the Jupyter root on the first start, installs the idle stop, and mounts the
+# shared EFS at ~/efs (shown as `efs` in the file browser), where COCO staged once serves the
+# training jobs and the cluster.
 set -euo pipefail
 
 MOUNT=/home/ec2-user/efs
@@ -22,6 +24,39 @@ if [ ! -e "$CODE_DIR" ]; then
   chown -R ec2-user:ec2-user "$CODE_DIR"
 fi
 ln -sfn "$MOUNT" "$JUPYTER_ROOT/efs"
+
+# Idle stop (docs/infra.md, "Notebook auto-stop"): a systemd timer (AL2023 has no cron) runs the
+# check every 5 minutes. Installed at every start: only the Jupyter root outlives a stop. It runs
+# as the notebook user, with no more rights than a notebook terminal has, from a file that user
+# cannot change.
+if (( NOTEBOOK_IDLE_MINUTES > 0 )); then
+  printf '%s' "$IDLE_STOP_SOURCE" > /usr/local/sbin/notebook-idle-stop
+  chmod 0755 /usr/local/sbin/notebook-idle-stop
+  cat > /etc/systemd/system/notebook-idle-stop.service <<UNIT
+[Unit]
+Description=Stop this notebook instance after $NOTEBOOK_IDLE_MINUTES idle minutes
+
+[Service]
+Type=oneshot
+User=ec2-user
+ExecStart=/usr/bin/python3 /usr/local/sbin/notebook-idle-stop --idle-minutes $NOTEBOOK_IDLE_MINUTES
+UNIT
+  cat > /etc/systemd/system/notebook-idle-stop.timer <<'UNIT'
+[Unit]
+Description=Check every 5 minutes whether this notebook instance is idle
+
+[Timer]
+OnActiveSec=5min
+OnUnitActiveSec=5min
+
+[Install]
+WantedBy=timers.target
+UNIT
+  # A notebook that does not stop itself costs less than one that does not start.
+  if ! { systemctl daemon-reload && systemctl enable --now notebook-idle-stop.timer; }; then
+    echo "could not start notebook-idle-stop.timer: this notebook will not stop when idle" >&2
+  fi
+fi
 
 # Encrypted in transit when the EFS mount helper (amazon-efs-utils, which runs stunnel) is on the
 # image or in its package repository; otherwise plain NFS 4.1 inside the VPC (docs/infra.md,

@@ -16,7 +16,8 @@ continue, so a new experiment never picks up an old one's checkpoints; a spot jo
 restarts keeps its run name and resumes from EFS. The 22 metric definitions come from
 training.metrics, hyperparameters are checked with training.hparams before anything is sent.
 
-The same :func:`start_job` is what notebooks/sagemaker_training.ipynb calls.
+The same :func:`start_job` is what notebooks/sagemaker_training.ipynb calls. ``describe`` and ``logs``
+of a finished job (and ``start --wait``) add its estimated cost (:func:`job_cost`, launch/cost.py).
 """
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ from typing import Any
 import boto3
 
 from infra import outputs
+from launch import cost
 from launch.aws import (LaunchError, make_session, require_output, stack_outputs, stack_role_trusted,
                         training_networking)
 
@@ -185,8 +187,8 @@ def _lustre_train_channel(stack: dict[str, str], spec: JobSpec, source_type):
     names = (outputs.LUSTRE_FILE_SYSTEM_ID, outputs.LUSTRE_MOUNT_NAME, outputs.LUSTRE_SUBNET_ID)
     if not all(stack.get(name) for name in names):
         raise LaunchError(f"--fsx: {spec.stack} has no FSx for Lustre file system (outputs "
-                          f"{', '.join(names)}); deploy with -c fsx_lustre_storage_gib=1200 (or a multiple "
-                          f"of 2400), or leave out --fsx to read from EFS")
+                          f"{', '.join(names)}); `python -m infra.settings set fsx_lustre_storage_gib=1200` "
+                          f"(or a multiple of 2400) and deploy, or leave out --fsx to read from EFS")
     fs_id, mount_name, subnet = (stack[name] for name in names)
     if not fs_id.startswith("fs-") or not subnet.startswith("subnet-"):
         raise LaunchError(f"outputs {outputs.LUSTRE_FILE_SYSTEM_ID}={fs_id!r} / {outputs.LUSTRE_SUBNET_ID}="
@@ -212,6 +214,29 @@ def start_job(spec: JobSpec, *, session: boto3.session.Session | None = None, dr
     return request
 
 
+FINISHED = ("Completed", "Failed", "Stopped")
+
+
+def job_cost(description: dict[str, Any]) -> cost.CostEstimate | None:
+    """A finished job's estimated cost (None while it runs): its billed seconds x InstanceCount x
+    the ml.* type's price. Billed seconds are BillableTimeInSeconds, which SageMaker documents as
+    per instance (to be multiplied by InstanceCount) and which managed spot makes shorter than the
+    training time; without it TrainingTimeInSeconds, else the time from TrainingStartTime to
+    TrainingEndTime, the interval SageMaker documents as billed."""
+    if description.get("TrainingJobStatus") not in FINISHED:
+        return None
+    resources = description.get("ResourceConfig") or {}
+    if not resources.get("InstanceType"):
+        return None
+    seconds = description.get("BillableTimeInSeconds")
+    if seconds is None:
+        seconds = description.get("TrainingTimeInSeconds")
+    if seconds is None:
+        start, end = description.get("TrainingStartTime"), description.get("TrainingEndTime")
+        seconds = (end - start).total_seconds() if start and end else 0
+    return cost.estimate(resources["InstanceType"], int(resources.get("InstanceCount", 1)), seconds)
+
+
 def describe_job(name: str, session: boto3.session.Session | None = None) -> dict[str, Any]:
     session = session or make_session()
     sm = session.client("sagemaker")
@@ -224,7 +249,12 @@ def describe_job(name: str, session: boto3.session.Session | None = None) -> dic
         raise
     keep = ("TrainingJobName", "TrainingJobStatus", "SecondaryStatus", "FailureReason", "CreationTime",
             "TrainingStartTime", "TrainingEndTime", "BillableTimeInSeconds", "ModelArtifacts", "FinalMetricDataList")
-    return {k: d[k] for k in keep if k in d}
+    described = {k: d[k] for k in keep if k in d}
+    estimate = job_cost(d)
+    if estimate is not None:
+        described["EstimatedCostUSD"] = None if estimate.usd is None else round(estimate.usd, 2)
+        described["EstimatedCost"] = estimate.line()
+    return described
 
 
 def stop_job(name: str, session: boto3.session.Session | None = None) -> None:
@@ -312,6 +342,11 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"started {request['TrainingJobName']}, run {run} (checkpoints in <log channel>/{run} on EFS)\n"
                       f"  follow:   python -m launch.sagemaker.launcher logs {request['TrainingJobName']}\n"
                       f"  continue: python -m launch.sagemaker.launcher start --run-name {run} ...")
+            if a.wait and not a.dry_run:   # the job has ended: its status and cost
+                described = describe_job(request["TrainingJobName"], session)
+                print(f"{request['TrainingJobName']}: {described.get('TrainingJobStatus')}")
+                if "EstimatedCost" in described:
+                    print(described["EstimatedCost"])
         elif a.command == "describe":
             print(json.dumps(describe_job(a.job, session), indent=2, default=str))
         elif a.command == "stop":
@@ -320,6 +355,9 @@ def main(argv: list[str] | None = None) -> int:
         else:
             status = follow_logs(a.job, session)
             print(f"{a.job}: {status}")
+            described = describe_job(a.job, session)
+            if "EstimatedCost" in described:
+                print(described["EstimatedCost"])
             return 0 if status == "Completed" else 1
     except LaunchError as err:
         print(f"error: {err}", file=sys.stderr)

@@ -14,17 +14,15 @@ import boto3
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
-# A configuration that exercises every optional path: SSH from a CIDR with a key pair, EFA on a
-# p4d, an existing file system, bursting throughput, several workers, a pinned AMI, an alerts
-# email, a name prefix (a second deployment in the same account and region) and an FSx for Lustre
-# file system.
+# A configuration that exercises every optional path but SSH: EFA on each of a p4d's four network
+# cards (so the master runs in the private subnet), an existing file system, bursting throughput,
+# several workers, a pinned AMI, an alerts email, a name prefix (a second deployment in the same
+# account and region) and an FSx for Lustre file system.
 VARIANT_CONTEXT = {
     "instance_type": "p4d.24xlarge",
     "efa": "true",              # as `-c efa=true` passes it: a string
     "worker_count": "3",
     "ebs_volume_size_gib": 500,
-    "ssh_cidr": "203.0.113.0/24",
-    "key_pair_name": "research-key",
     "existing_file_system_id": "fs-0123456789abcdef0",
     "efs_throughput_mode": "bursting",
     "ami_id": "ami-0123456789abcdef0",
@@ -33,6 +31,12 @@ VARIANT_CONTEXT = {
     "availability_zones": "us-east-1a,us-east-1b",
     "cluster_availability_zone": "us-east-1b",   # the VPC's second zone
     "fsx_lustre_storage_gib": "2400",
+}
+
+# SSH to a public master from a CIDR with a key pair (a type with at most one EFA card).
+SSH_CONTEXT = {
+    "ssh_cidr": "203.0.113.0/24",
+    "key_pair_name": "research-key",
 }
 
 
@@ -55,7 +59,7 @@ def load_app_module() -> ModuleType:
 
 @dataclass
 class Synthesized:
-    context: dict[str, Any]
+    context: dict[str, Any]         # every setting's value in effect (typed, as AppConfig holds it)
     outdir: Path
     templates: dict[str, dict]      # stack id (as `cdk deploy` takes it) -> template
     stack_names: dict[str, str]     # stack id -> CloudFormation stack name (with name_prefix)
@@ -71,15 +75,24 @@ class Synthesized:
                 if resource["Type"] == resource_type}
 
 
-def synthesize(tmp_dir: Path, overrides: dict[str, Any] | None = None) -> Synthesized:
+def synthesize(tmp_dir: Path, overrides: dict[str, Any] | None = None, *,
+               settings_file: Path | None = None) -> Synthesized:
+    """Synthesizes the real app as `cdk synth -c key=value ...` would with `overrides` as the
+    -c flags, reading `settings_file` (default: none, so the defaults) and never the
+    developer's own settings.json."""
     import aws_cdk as cdk
 
-    context = {**cdk_json_context(), **(overrides or {})}
+    settings_file = settings_file or tmp_dir / "no-settings.json"
+    context = {**cdk_json_context(), "settings_file": str(settings_file), **(overrides or {})}
     app = cdk.App(context=context, outdir=str(tmp_dir))
     stacks = load_app_module().build(app)
     assembly = app.synth()   # raises if cdk-nag reports an unacknowledged finding
     templates = {stack.id: stack.template for stack in assembly.stacks}
     stack_names = {stack.id: stack.stack_name for stack in assembly.stacks}
+    # The settings in effect: defaults, the settings file, then the overrides.
+    from infra import settings
+    config = settings.resolve(context).config
+    context = {key: getattr(config, key) for key in settings.SETTINGS}
     return Synthesized(context=context, outdir=tmp_dir, templates=templates,
                        stack_names=stack_names, stacks=stacks)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from cdk_synth import VARIANT_CONTEXT, Synthesized, synthesize
+from cdk_synth import SSH_CONTEXT, VARIANT_CONTEXT, Synthesized, synthesize
 
 
 @pytest.fixture(scope="session")
@@ -17,3 +17,9 @@ def default_synth(tmp_path_factory) -> Synthesized:
 def variant_synth(tmp_path_factory) -> Synthesized:
     """The app with every option switched on (VARIANT_CONTEXT)."""
     return synthesize(tmp_path_factory.mktemp("cdk-variant"), VARIANT_CONTEXT)
+
+
+@pytest.fixture(scope="session")
+def ssh_synth(tmp_path_factory) -> Synthesized:
+    """The app with SSH to the master from a CIDR (SSH_CONTEXT)."""
+    return synthesize(tmp_path_factory.mktemp("cdk-ssh"), SSH_CONTEXT)

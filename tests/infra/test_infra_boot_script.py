@@ -1,16 +1,20 @@
 """The cluster nodes' boot, run for real: the master's and a worker's user data, as CloudFormation
 (moto) rendered them into the launch templates, executed side by side with the real AWS CLI
-against moto, real ssh-keygen and curl against a local IMDSv2 endpoint.
+against moto, real ssh-keygen and curl against a local IMDSv2 endpoint. The boot steps the user
+data fetches are the stack's file asset, published into moto's CDK assets bucket as `cdk deploy`
+would publish it.
 
 Only what cannot exist here is stood in for: docker, nvidia-smi (as many GPUs as the instance
 type has, or fewer: an AMI whose driver cannot drive them), mount/mountpoint (EFS becomes a local
-directory), systemctl and apt-get. Each node runs in a private mount namespace whose /etc,
-/usr/local/bin and /var/log are copies, so nothing on this machine is touched.
+directory), systemctl, apt-get, dpkg and the CloudWatch agent's control script. Each node runs in
+a private mount namespace whose /etc, /usr/local/bin and /var/log are copies (and TMPDIR its own),
+so nothing on this machine is touched.
 """
 from __future__ import annotations
 
 import base64
 import http.server
+import json
 import os
 import shutil
 import subprocess
@@ -22,6 +26,7 @@ import boto3
 import pytest
 
 from infra import outputs
+from infra.userdata import CLUSTER_NODE_SCRIPT
 
 from cdk_synth import deploy_to_moto, prepare_moto_account
 from machine import require
@@ -43,6 +48,9 @@ STUBS = {
     "apt-get": 'echo "apt-get $*" >> "$NODE_CALLS"',
     "mount.nfs4": "exit 0",
     "systemctl": 'echo "systemctl $*" >> "$NODE_CALLS"',
+    "dpkg": '[ "$1" = --print-architecture ] && echo amd64 || echo "dpkg $*" >> "$NODE_CALLS"',
+    # As if the AMI had the CloudWatch agent (the Deep Learning AMIs do): the boot starts it.
+    "amazon-cloudwatch-agent-ctl": 'echo "amazon-cloudwatch-agent-ctl $*" >> "$NODE_CALLS"',
 }
 
 
@@ -109,6 +117,17 @@ def _launch_template_user_data(logical_prefix: str) -> str:
     return base64.b64decode(version["LaunchTemplateData"]["UserData"]).decode()
 
 
+def _node_log_group() -> str:
+    """The name CloudFormation gave the cluster stack's log group: under /maskrcnn/<stack>/,
+    unique to this deployment of the stack (its id's UUID), so a retained group never clashes
+    with the next deployment's."""
+    (stack,) = boto3.client("cloudformation").describe_stacks(StackName=CLUSTER)["Stacks"]
+    (name,) = [r["PhysicalResourceId"] for r in boto3.client("cloudformation").list_stack_resources(
+        StackName=CLUSTER)["StackResourceSummaries"] if r["ResourceType"] == "AWS::Logs::LogGroup"]
+    assert name == f"/maskrcnn/{CLUSTER}/nodes-{stack['StackId'].split('/')[2]}"
+    return name
+
+
 def _instance(group_name: str) -> tuple[str, str]:
     (group,) = boto3.client("autoscaling").describe_auto_scaling_groups(
         AutoScalingGroupNames=[group_name])["AutoScalingGroups"]
@@ -118,11 +137,66 @@ def _instance(group_name: str) -> tuple[str, str]:
     return instance_id, reservation["Instances"][0]["PrivateIpAddress"]
 
 
+def publish_file_assets(synth, stack: str) -> None:
+    """What `cdk deploy` does before it deploys `stack`: its file assets (the cluster's boot
+    steps) put into the CDK assets bucket, as the stack's assets manifest places them."""
+    manifest = json.loads((synth.outdir / f"{stack}.assets.json").read_text())
+    account = boto3.client("sts").get_caller_identity()["Account"]
+    s3 = boto3.client("s3")
+    region = s3.meta.region_name
+    for asset in manifest["files"].values():
+        for destination in asset["destinations"].values():
+            bucket = (destination["bucketName"].replace("${AWS::AccountId}", account)
+                      .replace("${AWS::Region}", region))
+            s3.create_bucket(Bucket=bucket)   # us-east-1: no location constraint
+            s3.upload_file(str(synth.outdir / asset["source"]["path"]), bucket,
+                           destination["objectKey"])
+
+
+def deploy_cluster(synth) -> tuple[dict[str, str], str]:
+    """Both stacks in moto, the assets published and the cluster key's secret created (moto's
+    CloudFormation has no AWS::SecretsManager::Secret): (the cluster stack's outputs, the
+    secret's ARN, which holds a placeholder as CloudFormation's generated value would)."""
+    prepare_moto_account()
+    cloudformation = boto3.client("cloudformation")
+    publish_file_assets(synth, CLUSTER)
+    for name in (outputs.NETWORK_STORAGE_STACK, CLUSTER):
+        stack = deploy_to_moto(cloudformation, name, synth.templates[name])
+        assert stack["StackStatus"] == "CREATE_COMPLETE"
+    secret_arn = boto3.client("secretsmanager").create_secret(
+        Name=f"{CLUSTER}-cluster-key", SecretString="generated-placeholder")["ARN"]
+    return {o["OutputKey"]: o["OutputValue"] for o in stack["Outputs"]}, secret_arn
+
+
+def make_stubs(directory: Path) -> Path:
+    directory.mkdir()
+    for name, body in STUBS.items():
+        (directory / name).write_text("#!/bin/bash\n" + textwrap.dedent(body) + "\n")
+        (directory / name).chmod(0o755)
+    return directory
+
+
+def node_user_data(logical_prefix: str, secret_arn: str, efs: Path,
+                   nvme: Path | None = None) -> str:
+    """A launch template's user data as moto rendered it, with the secret's ARN (moto renders
+    the secret's Ref as None) and the mount points moved under the test's directory."""
+    user_data = _launch_template_user_data(logical_prefix)
+    assert "CLUSTER_KEY_SECRET_ARN=None\n" in user_data and "\nEFS_MOUNT=/efs\n" in user_data
+    assert "\nNVME_MOUNT=/opt/dlami/nvme\n" in user_data
+    user_data = (user_data.replace("CLUSTER_KEY_SECRET_ARN=None\n",
+                                   f"CLUSTER_KEY_SECRET_ARN={secret_arn}\n")
+                 .replace("\nEFS_MOUNT=/efs\n", f"\nEFS_MOUNT={efs}\n"))
+    if nvme is not None:
+        user_data = user_data.replace("\nNVME_MOUNT=/opt/dlami/nvme\n", f"\nNVME_MOUNT={nvme}\n")
+    return user_data
+
+
 def _start_node(root: Path, user_data: str, imds: str, stubs: Path,
                 gpus: int, nvme: str = "", extra_env: dict[str, str] | None = None) -> subprocess.Popen:
     (root / "log").mkdir(parents=True)
     (root / "bin").mkdir()
     (root / "etc").mkdir()
+    (root / "tmp").mkdir()
     subprocess.run(["cp", "-a", "/etc/.", str(root / "etc")], check=True)
     (root / "etc" / "MASKRCNN_SANDBOX").touch()
     (root / "user-data").write_text(user_data)
@@ -135,6 +209,9 @@ def _start_node(root: Path, user_data: str, imds: str, stubs: Path,
     env = {**os.environ, "PATH": f"{stubs}:{os.environ['PATH']}",
            "NODE_CALLS": str(root / "calls.log"), "AWS_EC2_METADATA_SERVICE_ENDPOINT": imds,
            "NODE_GPUS": str(gpus), "NODE_NVME": nvme, "MASKRCNN_BOOT_POLL_SECONDS": POLL_SECONDS,
+           "CLOUDWATCH_AGENT_CTL": str(stubs / "amazon-cloudwatch-agent-ctl"),
+           # No agent really ships the log here: a failing node need not wait for it.
+           "MASKRCNN_BOOT_LOG_FLUSH_SECONDS": "0", "TMPDIR": str(root / "tmp"),
            **(extra_env or {})}
     return subprocess.Popen(["unshare", "--mount", "--propagation", "private", "bash", "-c", setup],
                             env=env, stdout=(root / "console.log").open("w"),
@@ -142,39 +219,20 @@ def _start_node(root: Path, user_data: str, imds: str, stubs: Path,
 
 
 def test_master_and_worker_boot_into_the_node_contract(aws_env, default_synth, tmp_path):
-    prepare_moto_account()
-    cloudformation = boto3.client("cloudformation")
-    for name in (outputs.NETWORK_STORAGE_STACK, CLUSTER):
-        stack = deploy_to_moto(cloudformation, name, default_synth.templates[name])
-        assert stack["StackStatus"] == "CREATE_COMPLETE"
-    stack_outputs = {o["OutputKey"]: o["OutputValue"] for o in stack["Outputs"]}
+    stack_outputs, secret_arn = deploy_cluster(default_synth)
     instance_type = default_synth.context["instance_type"]
     assert instance_type == "g5.48xlarge"   # GPUS_OF_TYPE: what DescribeInstanceTypes says
 
-    # moto's CloudFormation has no AWS::SecretsManager::Secret: create the one the stack names,
-    # holding a placeholder as CloudFormation's generated value would.
-    secret_arn = boto3.client("secretsmanager").create_secret(
-        Name=f"{CLUSTER}-cluster-key", SecretString="generated-placeholder")["ARN"]
     efs = tmp_path / "efs"
     efs.mkdir()
     nvme = tmp_path / "nvme"
     nvme.mkdir()
-    stubs = tmp_path / "stubs"
-    stubs.mkdir()
-    for name, body in STUBS.items():
-        (stubs / name).write_text("#!/bin/bash\n" + textwrap.dedent(body) + "\n")
-        (stubs / name).chmod(0o755)
+    stubs = make_stubs(tmp_path / "stubs")
 
     nodes = {}
     for role, prefix, group in (("master", "ClusterMaster", stack_outputs[outputs.MASTER_ASG_NAME]),
                                 ("worker", "ClusterWorker", stack_outputs[outputs.WORKER_ASG_NAME])):
-        user_data = _launch_template_user_data(prefix)
-        assert "CLUSTER_KEY_SECRET_ARN=None\n" in user_data and "\nEFS_MOUNT=/efs\n" in user_data
-        assert "\nNVME_MOUNT=/opt/dlami/nvme\n" in user_data
-        user_data = (user_data.replace("CLUSTER_KEY_SECRET_ARN=None\n",
-                                       f"CLUSTER_KEY_SECRET_ARN={secret_arn}\n")
-                     .replace("\nEFS_MOUNT=/efs\n", f"\nEFS_MOUNT={efs}\n")
-                     .replace("\nNVME_MOUNT=/opt/dlami/nvme\n", f"\nNVME_MOUNT={nvme}\n"))
+        user_data = node_user_data(prefix, secret_arn, efs, nvme)
         instance_id, ip = _instance(group)
         nodes[role] = {"id": instance_id, "ip": ip, "root": tmp_path / role,
                        "user_data": user_data, "imds": _imds(instance_id, ip, instance_type)}
@@ -189,8 +247,23 @@ def test_master_and_worker_boot_into_the_node_contract(aws_env, default_synth, t
         assert returncode == 0, f"{role} boot failed:\n{console}"
 
     master, worker = nodes["master"], nodes["worker"]
+    log_group = _node_log_group()
     for node in (master, worker):
         etc = node["root"] / "etc" / "maskrcnn"
+        # The steps that ran are the repository's cluster_node.sh, fetched from the assets bucket.
+        assert (etc / "cluster_node.sh").read_bytes() == CLUSTER_NODE_SCRIPT.read_bytes()
+        # First of all the CloudWatch agent starts on the boot's log and cloud-init's output: to
+        # the deployment's log group, streams named by the instance.
+        agent_config = json.loads((etc / "cloudwatch-agent.json").read_text())
+        assert agent_config["agent"] == {"run_as_user": "root"}
+        assert agent_config["logs"]["logs_collected"]["files"]["collect_list"] == [
+            {"file_path": "/var/log/cloud-init-output.log", "log_group_name": log_group,
+             "log_stream_name": f"{node['id']}/cloud-init-output.log"},
+            {"file_path": "/var/log/maskrcnn-boot.log", "log_group_name": log_group,
+             "log_stream_name": f"{node['id']}/maskrcnn-boot.log"}]
+        assert (node["root"] / "calls.log").read_text().splitlines()[0] == (
+            "amazon-cloudwatch-agent-ctl -a fetch-config -m ec2 -s "
+            "-c file:/etc/maskrcnn/cloudwatch-agent.json")
         env = dict(line.split("=", 1) for line in (etc / "cluster.env").read_text().splitlines())
         assert env["FILE_SYSTEM_ID"] == stack_outputs[outputs.FILE_SYSTEM_ID]
         assert env["BUCKET_NAME"] == stack_outputs[outputs.BUCKET_NAME]
@@ -227,12 +300,20 @@ def test_master_and_worker_boot_into_the_node_contract(aws_env, default_synth, t
         assert calls.index("systemctl daemon-reload") < calls.index(
             f"docker pull --quiet {image}")
         nvme_volume = f"-v {nvme}:{nvme} " if node is master else ""
-        assert calls[-1] == (
+        assert [c for c in calls if c.startswith("docker run ")] == [
             f"docker run -d --name maskrcnn --restart unless-stopped --gpus all {nvme_volume}"
             f"--network host --ipc host -v {efs}:{efs}:rslave -v /etc/maskrcnn:/etc/maskrcnn:ro "
-            f"{image} cluster-node")
+            f"{image} cluster-node"]
         assert "docker exec -i maskrcnn maskrcnn-entrypoint cluster-train" in (
             node["root"] / "bin" / "maskrcnn-train").read_text()
+        # The idle check (idle_scaledown_minutes, 30 by default): a timer on the master only.
+        timer = node["root"] / "etc" / "systemd" / "system" / "maskrcnn-idle.timer"
+        assert timer.exists() == (node is master)
+        assert ("systemctl enable --now maskrcnn-idle.timer" in calls) == (node is master)
+        if node is master:
+            assert "OnCalendar=minutely" in timer.read_text()
+            assert "docker exec maskrcnn python -m launch.cluster.idle" in (
+                node["root"] / "bin" / "maskrcnn-idle-check").read_text()
         assert "ready: 8 GPUs" in (node["root"] / "log" / "maskrcnn-boot.log").read_text()
 
     # One key for the cluster, generated by the master and published in the secret.
@@ -249,6 +330,7 @@ def test_master_and_worker_boot_into_the_node_contract(aws_env, default_synth, t
     assert not Path("/etc/maskrcnn/cluster.env").exists()
     assert str(efs) not in Path("/etc/fstab").read_text()
     assert not Path("/etc/systemd/system/docker.service.d/maskrcnn-efs.conf").exists()
+    assert not Path("/etc/systemd/system/maskrcnn-idle.timer").exists()
 
     # A replacement worker of a cluster with FSx for Lustre (fsx_lustre_storage_gib): the cluster.env
     # lines the variant template renders (test_infra_stacks.py checks them there; moto has no FSx).
@@ -280,7 +362,8 @@ def test_master_and_worker_boot_into_the_node_contract(aws_env, default_synth, t
             "x-systemd.requires=network-online.target 0 0") in (etc / "fstab").read_text().splitlines()
     assert (etc / "systemd" / "system" / "docker.service.d" / "maskrcnn-efs.conf").read_text() == (
         f"[Unit]\nRequiresMountsFor={efs} {fsx}\n")
-    assert f" -v {fsx}:{fsx}:rslave " in calls[-1] and calls[-1].startswith("docker run -d")
+    (docker_run,) = [c for c in calls if c.startswith("docker run ")]
+    assert f" -v {fsx}:{fsx}:rslave " in docker_run
     assert not Path("/etc/apt/sources.list.d/fsxlustreclientrepo.list").exists()
     # Without the option nothing of this happened (the nodes above).
     for node in (master, worker):

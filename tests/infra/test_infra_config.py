@@ -9,14 +9,14 @@ import sys
 
 import pytest
 
-from infra.config import AppConfig, ConfigError
+from infra.config import SETTINGS, AppConfig, ConfigError
 from infra.instance_types import INSTANCE_TYPES
 
 from cdk_synth import REPO_ROOT, cdk_json_context, load_app_module
 
 
 def config_with(**overrides) -> AppConfig:
-    return AppConfig.from_context({**cdk_json_context(), **overrides})
+    return AppConfig.from_context(overrides)
 
 
 # (overrides, words the message must contain)
@@ -51,7 +51,15 @@ BAD_CONTEXT = {
     "bad alerts email": ({"notification_email": "not-an-address"}, ["notification_email", "email address"]),
     "bad AMI id": ({"ami_id": "ami-123"}, ["ami_id", "ami-", "17"]),
     "name prefix ending with a hyphen": ({"name_prefix": "team-"}, ["name_prefix", "not ending with a hyphen"]),
-    "misspelt key": ({"worker_cout": 2}, ["unknown context key", "worker_cout", "worker_count"]),
+    "misspelt key": ({"worker_cout": 2}, ["unknown setting", "worker_cout", "worker_count"]),
+    "capacity block without a reservation id": ({"capacity_block": True}, ["capacity_block", "cr-"]),
+    "capacity block on a resource group": ({"capacity_block": True, "capacity_reservation": "arn:aws:resource-groups:us-east-1:123456789012:group/gpus"}, ["capacity_block", "Capacity Block's reservation id"]),
+    "not a reservation": ({"capacity_reservation": "cr-123"}, ["capacity_reservation", "cr- and 17"]),
+    "SSH to a master with several network cards": ({"instance_type": "p4d.24xlarge", "efa": True, "ssh_cidr": "203.0.113.7/32", "key_pair_name": "k"}, ["ssh_cidr", "4 network interfaces", "private subnet", "SSM Session Manager"]),
+    "idle minutes negative": ({"idle_scaledown_minutes": -5}, ["idle_scaledown_minutes", "0 to 1440"]),
+    "budget not a number": ({"monthly_budget_usd": "lots"}, ["monthly_budget_usd", "whole number"]),
+    "retention CloudWatch does not offer": ({"log_retention_days": 10}, ["log_retention_days", "7, 14, 30"]),
+    "boot failure limit zero": ({"boot_failure_limit": 0}, ["boot_failure_limit", "1 to 100"]),
     "Lustre size not a Lustre size": ({"fsx_lustre_storage_gib": 1000}, ["fsx_lustre_storage_gib", "1000", "1200, or a multiple of 2400"]),
     "Lustre size not a number": ({"fsx_lustre_storage_gib": "big"}, ["fsx_lustre_storage_gib", "'big'", "0 (no FSx for Lustre"]),
     "Lustre size above the quota": ({"fsx_lustre_storage_gib": 103200}, ["fsx_lustre_storage_gib", "up to 100800"]),
@@ -70,21 +78,27 @@ def test_bad_context_is_rejected_with_a_message_naming_key_and_allowed_values(ov
     assert "\n" not in message
 
 
-def test_missing_required_key_names_it_and_points_at_cdk_json():
-    context = cdk_json_context()
-    del context["instance_type"]
-    with pytest.raises(ConfigError, match=r"'instance_type' is missing; cdk\.json"):
-        AppConfig.from_context(context)
-
-
-def test_cdk_json_defaults_are_valid_and_documented():
-    context = cdk_json_context()
-    config = AppConfig.from_context(context)
+def test_absent_settings_take_their_defaults_and_the_defaults_are_valid_and_secure():
+    config = AppConfig.from_context({})
     assert config.instance_type in INSTANCE_TYPES
-    documented = set(context["//"])
-    assert set(AppConfig.keys()) <= documented, "every setting needs a line in cdk.json's \"//\""
     assert config.ssh_cidr is None and config.key_pair_name is None  # secure default: SSM only
     assert config.efs_throughput_mode == "elastic"
+    assert config.idle_scaledown_minutes > 0 and config.notebook_idle_minutes > 0  # cost control on
+    assert config.boot_failure_limit == 10    # ParallelCluster's protected mode stops at 10
+
+
+def test_deployment_settings_are_not_in_cdk_json():
+    """cdk.json keeps CDK's own flags: a default there would be indistinguishable from a `-c`
+    flag, so an override could not be told from the settings file's value."""
+    assert not set(cdk_json_context()) & set(SETTINGS)
+
+
+def test_every_setting_is_documented_with_its_default():
+    table = (REPO_ROOT / "docs" / "infra.md").read_text()
+    for key, setting in SETTINGS.items():
+        assert len(setting.help) > 20, key
+        default = "null" if setting.default is None else json.dumps(setting.default).strip('"')
+        assert f"| `{key}` | `{default}`" in table, f"docs/infra.md's settings table: {key}"
 
 
 def test_lustre_sizes_are_the_ones_fsx_accepts():
@@ -95,7 +109,7 @@ def test_lustre_sizes_are_the_ones_fsx_accepts():
 
 
 def test_values_passed_as_strings_with_dash_c_are_parsed():
-    config = config_with(worker_count="3", efa="true", instance_type="p5.48xlarge",
+    config = config_with(worker_count="3", efa="true", instance_type="g5.48xlarge",
                          ebs_volume_size_gib="300", ssh_cidr="198.51.100.0/24",
                          key_pair_name="k", existing_file_system_id="fs-01234567")
     assert (config.worker_count, config.efa, config.ebs_volume_size_gib) == (3, True, 300)
@@ -121,15 +135,17 @@ def test_config_is_frozen():
 def test_build_rejects_bad_context_before_creating_any_stack():
     import aws_cdk as cdk
 
-    app = cdk.App(context={**cdk_json_context(), "worker_count": -2})
+    app = cdk.App(context={**cdk_json_context(), "worker_count": -2,
+                           "settings_file": "/nonexistent/settings.json"})
     with pytest.raises(ConfigError):
         load_app_module().build(app)
     assert [c for c in app.node.children if isinstance(c, cdk.Stack)] == []
 
 
 def test_app_py_prints_one_line_and_exits_non_zero_without_a_traceback():
-    env = {**os.environ, "CDK_CONTEXT_JSON": json.dumps({**cdk_json_context(), "ssh_cidr": "nope",
-                                                         "key_pair_name": "k"})}
+    env = {**os.environ, "CDK_CONTEXT_JSON": json.dumps({
+        **cdk_json_context(), "ssh_cidr": "nope", "key_pair_name": "k",
+        "settings_file": "/nonexistent/settings.json"})}
     result = subprocess.run([sys.executable, "app.py"], cwd=REPO_ROOT, env=env,
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 2

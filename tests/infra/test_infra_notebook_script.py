@@ -1,10 +1,12 @@
 """The notebook's on-start lifecycle script (infra/userdata/notebook_on_start.sh), run for real as
-the stack renders it (FILE_SYSTEM_ID and AWS_REGION prepended), in a private mount namespace whose
-/home is a scratch directory. Stood in for: mount, mountpoint, dnf, chown (there is no ec2-user
-here), the AWS CLI's download of the project asset (a zip made here from the real notebooks/
-folder) and, in one case, the EFS mount helper."""
+the stack renders it (infra.constructs.notebook.on_start_script: the settings and the idle check
+prepended), in a private mount namespace whose /home, /usr/local/sbin and /etc/systemd/system are
+scratch directories. Stood in for: mount, mountpoint, dnf, chown (there is no ec2-user here),
+systemctl (no systemd here), the AWS CLI's download of the project asset (a zip made here from the
+real notebooks/ folder) and, in one case, the EFS mount helper."""
 from __future__ import annotations
 
+import configparser
 import os
 import shutil
 import subprocess
@@ -14,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.userdata import NOTEBOOK_ON_START_SCRIPT, script_body
+from infra.constructs.notebook import IDLE_STOP_SCRIPT, on_start_script
 
 from cdk_synth import REPO_ROOT
 from machine import require
@@ -30,38 +32,57 @@ STUBS = {
     "mountpoint": '[ -d "$MOUNTED" ]',
     "dnf": 'echo "dnf $*" >> "$CALLS"; exit 1',     # no repository reachable
     "chown": 'echo "chown $*" >> "$CALLS"',
+    "systemctl": 'echo "systemctl $*" >> "$CALLS"',
     "aws": 'echo "aws $*" >> "$CALLS"; cp "$PROJECT_ZIP" "${*: -1}"',
 }
 ASSET_URL = "s3://cdk-hnb659fds-assets-123456789012-eu-west-1/0123abcd.zip"
 JUPYTER_ROOT = "home/ec2-user/SageMaker"
 
 
-def _run(tmp_path: Path, *, with_helper: bool, starts: int = 1) -> list[str]:
+# Where the script installs the idle check; each is a scratch directory in the namespace.
+SYSTEM_DIRS = ("usr/local/sbin", "etc/systemd/system")
+
+
+def _run(tmp_path: Path, *, with_helper: bool, starts: int = 1, idle_minutes: int = 60,
+         stubs_over: dict[str, str] | None = None) -> list[str]:
     stubs = tmp_path / "stubs"
     stubs.mkdir()
     with zipfile.ZipFile(tmp_path / "project.zip", "w") as archive:
         for path in (REPO_ROOT / "notebooks").iterdir():
             archive.write(path, f"notebooks/{path.name}")
         archive.write(REPO_ROOT / "README.md", "README.md")
-    for name, body in {**STUBS, **({"mount.efs": "exit 0"} if with_helper else {})}.items():
+    for name, body in {**STUBS, **({"mount.efs": "exit 0"} if with_helper else {}),
+                       **(stubs_over or {})}.items():
         (stubs / name).write_text("#!/bin/bash\n" + textwrap.dedent(body) + "\n")
         (stubs / name).chmod(0o755)
     script = tmp_path / "on-start.sh"
-    script.write_text("#!/bin/bash\nexport FILE_SYSTEM_ID=fs-0123456789abcdef0\n"
-                      "export AWS_REGION=eu-west-1\n"
-                      f"export PROJECT_CODE_URL={ASSET_URL}\n" + script_body(NOTEBOOK_ON_START_SCRIPT))
+    script.write_text("".join(on_start_script(
+        file_system_id="fs-0123456789abcdef0", region="eu-west-1", project_code_url=ASSET_URL,
+        idle_minutes=idle_minutes)))
     (tmp_path / JUPYTER_ROOT).mkdir(parents=True)      # SageMaker's persistent volume
+    binds = [f"/usr/bin/mount --bind {tmp_path / 'home'} /home"]
+    for directory in SYSTEM_DIRS:
+        (tmp_path / directory).mkdir(parents=True)
+        binds.append(f"/usr/bin/mount --bind {tmp_path / directory} /{directory}")
     env = {**os.environ, "PATH": f"{stubs}:{os.environ['PATH']}",
            "CALLS": str(tmp_path / "calls.log"), "MOUNTED": str(tmp_path / "mounted"),
            "PROJECT_ZIP": str(tmp_path / "project.zip")}
     for _ in range(starts):
         result = subprocess.run(
             ["unshare", "--mount", "--propagation", "private", "bash", "-c",
-             f"/usr/bin/mount --bind {tmp_path / 'home'} /home && exec bash {script}"],
+             " && ".join(binds + [f"exec bash {script}"])],
             env=env, capture_output=True, text=True, timeout=60)
         assert result.returncode == 0, result.stderr
+        (tmp_path / "stderr.log").write_text(result.stderr)
     assert (tmp_path / "home" / "ec2-user" / "efs").is_dir()
     return (tmp_path / "calls.log").read_text().splitlines()
+
+
+def _unit(path: Path) -> configparser.ConfigParser:
+    unit = configparser.ConfigParser(interpolation=None)
+    unit.optionxform = str      # systemd's keys are case-sensitive
+    unit.read_string(path.read_text())
+    return unit
 
 
 def test_opens_ready_to_use_with_the_project_and_efs_in_the_jupyter_root(tmp_path):
@@ -89,3 +110,35 @@ def test_falls_back_to_nfs_when_the_helper_cannot_be_installed(tmp_path):
     assert calls[1] == (
         "mount -t nfs4 -o nfsvers=4.1,rsize=1048576,wsize=1048576,hard,timeo=600,retrans=2,"
         "noresvport fs-0123456789abcdef0.efs.eu-west-1.amazonaws.com:/ /home/ec2-user/efs")
+
+
+def test_installs_the_idle_stop_with_the_configured_minutes(tmp_path):
+    calls = _run(tmp_path, with_helper=True, idle_minutes=45)
+    installed = tmp_path / "usr/local/sbin/notebook-idle-stop"
+    assert installed.read_text() == IDLE_STOP_SCRIPT.read_text()
+    assert installed.stat().st_mode & 0o777 == 0o755
+    units = tmp_path / "etc/systemd/system"
+    service = _unit(units / "notebook-idle-stop.service")
+    assert dict(service["Service"]) == {
+        "Type": "oneshot", "User": "ec2-user",
+        "ExecStart": "/usr/bin/python3 /usr/local/sbin/notebook-idle-stop --idle-minutes 45"}
+    timer = _unit(units / "notebook-idle-stop.timer")
+    assert dict(timer["Timer"]) == {"OnActiveSec": "5min", "OnUnitActiveSec": "5min"}
+    assert timer["Install"]["WantedBy"] == "timers.target"
+    assert [c for c in calls if c.startswith("systemctl")] == [
+        "systemctl daemon-reload", "systemctl enable --now notebook-idle-stop.timer"]
+
+
+def test_no_idle_stop_when_its_minutes_are_0(tmp_path):
+    calls = _run(tmp_path, with_helper=True, idle_minutes=0)
+    for directory in SYSTEM_DIRS:
+        assert not list((tmp_path / directory).iterdir())
+    assert not [c for c in calls if c.startswith("systemctl")]
+
+
+def test_a_timer_that_cannot_start_does_not_keep_the_notebook_from_starting(tmp_path):
+    calls = _run(tmp_path, with_helper=True, idle_minutes=45,
+                 stubs_over={"systemctl": 'echo "systemctl $*" >> "$CALLS"; exit 1'})
+    assert "systemctl daemon-reload" in calls
+    assert "this notebook will not stop when idle" in (tmp_path / "stderr.log").read_text()
+    assert [c for c in calls if c.startswith("mount")]      # the start went on to the EFS mount

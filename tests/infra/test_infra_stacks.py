@@ -12,8 +12,9 @@ from aws_cdk.assertions import Match
 
 from infra import outputs
 from infra.constructs.training_image import dockerfile_copy_sources
+from infra.userdata import CLUSTER_NODE_SCRIPT
 
-from cdk_synth import REPO_ROOT, VARIANT_CONTEXT, cdk_json_context
+from cdk_synth import REPO_ROOT, SSH_CONTEXT, VARIANT_CONTEXT, cdk_json_context
 
 SHARED = outputs.NETWORK_STORAGE_STACK
 CLUSTER = outputs.EFS_CLUSTER_STACK
@@ -80,7 +81,9 @@ def test_file_system_is_encrypted_elastic_retained_with_mount_targets_in_private
 
 
 def test_file_system_admits_nfs_only_from_cluster_notebook_and_training_groups(default_synth):
-    (efs_group,) = default_synth.resources(SHARED, "AWS::EC2::SecurityGroup").values()
+    (efs_group,) = [group for lid, group in
+                    default_synth.resources(SHARED, "AWS::EC2::SecurityGroup").items()
+                    if lid.startswith("FileSystem")]
     assert "SecurityGroupIngress" not in efs_group["Properties"]  # no rule of its own
     sources = {}
     for stack in ALL_STACKS:
@@ -145,9 +148,11 @@ def test_lustre_is_scratch_linked_to_the_data_bucket_in_the_cluster_zone(default
     assert default_synth.resources(SHARED, "AWS::FSx::FileSystem") == {}
     for stack in ALL_STACKS:
         template = default_synth.templates[stack]
+        # Without FSx only its security group (and the parameter naming it) exists: turning the
+        # option off must not delete a group the training stacks' rules still reference.
         assert not [name for name in [*template["Resources"], *template.get("Outputs", {}),
                                       *template.get("Parameters", {})]
-                    if "lustre" in name.lower()], stack
+                    if "lustre" in name.lower() and not name.startswith("LustreSecurityGroup")], stack
     ((logical_id, lustre),) = variant_synth.resources(SHARED, "AWS::FSx::FileSystem").items()
     props = lustre["Properties"]
     assert props["FileSystemType"] == "LUSTRE"
@@ -239,9 +244,8 @@ def test_nodes_are_told_where_lustre_is_only_when_there_is_one(default_synth, va
     for key, name in (("FSX_DNS_NAME", "dns-name"), ("FSX_MOUNT_NAME", "mount-name")):
         ref = json.loads(variant[key].strip("<>"))["Ref"]
         assert parameters[ref]["Default"] == f"/maskrcnn/team-a-{SHARED}/lustre/{name}"
-    text = user_data(variant_synth, CLUSTER, prefix)
-    assert "lustre-client-modules-$(uname -r)" in text
-    assert len(text.encode()) < 16 * 1024    # EC2's user-data limit
+    # The boot steps the user data fetches (test_infra_boot_failures.py checks it is this file).
+    assert "lustre-client-modules-$(uname -r)" in CLUSTER_NODE_SCRIPT.read_text()
 
 
 def test_burst_credit_alarm_only_in_bursting_mode(default_synth, variant_synth):
@@ -397,9 +401,10 @@ def test_no_full_access_managed_policies_and_no_bucket_wildcards(default_synth, 
 def test_s3_access_is_scoped_to_the_data_bucket(default_synth):
     for stack in (CLUSTER, SAGEMAKER):
         for statement in statements(default_synth, stack):
-            if statement.get("Sid") is None and actions(statement) == ["s3:GetObject"] and \
+            if statement.get("Sid") in (None, "FetchBootSteps") and \
+                    actions(statement) == ["s3:GetObject"] and \
                     "cdk-hnb659fds-assets" in json.dumps(statement["Resource"]):
-                continue   # the notebook's one project-code object (next test)
+                continue   # one asset object: the notebook's project code, the nodes' boot steps
             if any(a.startswith("s3:") for a in actions(statement)):
                 resources = statement["Resource"]
                 resources = resources if isinstance(resources, list) else [resources]
@@ -454,21 +459,28 @@ def test_groups_use_launch_templates_with_imdsv2_encrypted_gp3_and_placement(def
         assert "LaunchConfigurationName" not in group["Properties"]
 
 
-def test_master_is_one_public_node_and_workers_are_private(default_synth, variant_synth):
-    for synth, workers, zone in ((default_synth, 1, 1), (variant_synth, 3, 2)):
+def test_master_is_one_node_public_unless_multi_card_and_workers_are_private(default_synth,
+                                                                             variant_synth):
+    # The variant's p4d nodes have an EFA interface on each of 4 network cards: AWS gives such an
+    # instance no public address, so its master runs in the private subnet too.
+    for synth, workers, zone, master_subnet in ((default_synth, 1, 1, "Public"),
+                                                (variant_synth, 3, 2, "Private")):
         groups = synth.resources(CLUSTER, "AWS::AutoScaling::AutoScalingGroup")
         by_name = {g["Properties"]["AutoScalingGroupName"]: g for g in groups.values()}
         master = by_name[f"{synth.stack_names[CLUSTER]}-master"]["Properties"]
         worker = by_name[f"{synth.stack_names[CLUSTER]}-worker"]["Properties"]
-        assert (master["MinSize"], master["MaxSize"]) == ("1", "1")
-        assert (worker["MinSize"], worker["MaxSize"]) == (str(workers), str(workers))
+        # The configured sizes (MinSize and DesiredCapacity are the cost controls' business).
+        assert (master["MaxSize"], worker["MaxSize"]) == ("1", str(workers))
         # One zone for both (cluster_availability_zone picks it: the second one in the variant)
-        assert f"PublicSubnet{zone}" in import_of(master["VPCZoneIdentifier"][0])
+        assert f"{master_subnet}Subnet{zone}" in import_of(master["VPCZoneIdentifier"][0])
         assert f"PrivateSubnet{zone}" in import_of(worker["VPCZoneIdentifier"][0])
-        interfaces = {lid: lt["Properties"]["LaunchTemplateData"]["NetworkInterfaces"][0]
-                      for lid, lt in synth.resources(CLUSTER, "AWS::EC2::LaunchTemplate").items()}
-        assert {lid.startswith("ClusterMaster"): ni["AssociatePublicIpAddress"]
-                for lid, ni in interfaces.items()} == {True: True, False: False}
+    interfaces = {lid: lt["Properties"]["LaunchTemplateData"]["NetworkInterfaces"][0]
+                  for lid, lt in default_synth.resources(CLUSTER, "AWS::EC2::LaunchTemplate").items()}
+    assert {lid.startswith("ClusterMaster"): ni["AssociatePublicIpAddress"]
+            for lid, ni in interfaces.items()} == {True: True, False: False}
+    for lt in variant_synth.resources(CLUSTER, "AWS::EC2::LaunchTemplate").values():
+        assert not [ni for ni in lt["Properties"]["LaunchTemplateData"]["NetworkInterfaces"]
+                    if ni.get("AssociatePublicIpAddress")]
 
 
 def test_no_ssh_ingress_by_default_nodes_talk_to_each_other(default_synth):
@@ -504,29 +516,31 @@ def test_efa_groups_allow_all_traffic_to_themselves_in_both_directions(default_s
     assert [(r["CidrIp"], r["IpProtocol"]) for r in egress] == [("0.0.0.0/0", "-1")]
 
 
-def test_ssh_only_from_the_configured_cidr_and_only_to_the_master(variant_synth):
-    groups = variant_synth.resources(CLUSTER, "AWS::EC2::SecurityGroup")
+def test_ssh_only_from_the_configured_cidr_and_only_to_the_master(ssh_synth):
+    groups = ssh_synth.resources(CLUSTER, "AWS::EC2::SecurityGroup")
     ssh = {lid: g for lid, g in groups.items() if "SecurityGroupIngress" in g["Properties"]}
     assert len(ssh) == 1
     (ssh_id, ssh_group), = ssh.items()
     assert ssh_group["Properties"]["SecurityGroupIngress"] == [{
-        "CidrIp": VARIANT_CONTEXT["ssh_cidr"], "Description": "SSH from ssh_cidr",
+        "CidrIp": SSH_CONTEXT["ssh_cidr"], "Description": "SSH from ssh_cidr",
         "FromPort": 22, "IpProtocol": "tcp", "ToPort": 22}]
-    for lid, lt in variant_synth.resources(CLUSTER, "AWS::EC2::LaunchTemplate").items():
+    for lid, lt in ssh_synth.resources(CLUSTER, "AWS::EC2::LaunchTemplate").items():
         data = lt["Properties"]["LaunchTemplateData"]
         groups_of_lt = json.dumps(data["NetworkInterfaces"][0]["Groups"])
         assert (ssh_id in groups_of_lt) == lid.startswith("ClusterMaster")
-        assert data["KeyName"] == VARIANT_CONTEXT["key_pair_name"]
+        assert data["KeyName"] == SSH_CONTEXT["key_pair_name"]
 
 
 def test_efa_interfaces_when_enabled(default_synth, variant_synth):
+    # Per card and device index: test_infra_capacity.py.
     for lt in variant_synth.resources(CLUSTER, "AWS::EC2::LaunchTemplate").values():
         data = lt["Properties"]["LaunchTemplateData"]
-        assert data["NetworkInterfaces"][0]["InterfaceType"] == "efa"
+        assert [ni["InterfaceType"] for ni in data["NetworkInterfaces"]] == ["efa"] * 4
         assert data["InstanceType"] == "p4d.24xlarge"
         assert data["BlockDeviceMappings"][0]["Ebs"]["VolumeSize"] == 500
     for lt in default_synth.resources(CLUSTER, "AWS::EC2::LaunchTemplate").values():
-        assert "InterfaceType" not in lt["Properties"]["LaunchTemplateData"]["NetworkInterfaces"][0]
+        (interface,) = lt["Properties"]["LaunchTemplateData"]["NetworkInterfaces"]
+        assert "InterfaceType" not in interface
 
 
 @pytest.mark.parametrize("prefix, role", [("ClusterMaster", "master"), ("ClusterWorker", "worker")])
@@ -541,7 +555,9 @@ def test_user_data_writes_the_node_contract(default_synth, prefix, role):
     assert env["NVME_MOUNT"] == "/opt/dlami/nvme"   # where the Deep Learning AMI mounts NVMe
     assert (env["MASTER_ASG_NAME"], env["WORKER_ASG_NAME"]) == (f"{CLUSTER}-master",
                                                                 f"{CLUSTER}-worker")
-    # The boot script itself (infra/userdata/cluster_node.sh) follows the environment.
+    # The boot steps (infra/userdata/cluster_node.sh, fetched by the user data: see
+    # test_infra_boot_failures.py) follow the environment.
+    text = CLUSTER_NODE_SCRIPT.read_text()
     for fragment in ("aws ecr get-login-password", "docker login --username AWS",
                      "--name maskrcnn --restart unless-stopped", "--network host --ipc host",
                      '-v /etc/maskrcnn:/etc/maskrcnn:ro', "cluster-node", "nvidia-smi -L",
@@ -551,8 +567,6 @@ def test_user_data_writes_the_node_contract(default_synth, prefix, role):
                      "maskrcnn-entrypoint cluster-train"):
         assert fragment in text, fragment
     assert "aws ecr get-login " not in text and "ForwardAgent" not in text
-    # EC2 refuses user data over 16 KB.
-    assert len(text.encode()) < 16 * 1024
 
 
 def test_nodes_may_mark_only_their_own_group_unhealthy(default_synth):
@@ -639,14 +653,14 @@ def test_only_the_master_may_publish_the_cluster_key(default_synth):
             assert json.dumps(statement["Resource"]).endswith(f':secret:{name}-??????"]]}}')
 
 
-def test_cluster_outputs(default_synth, variant_synth):
+def test_cluster_outputs(default_synth, ssh_synth):
     expected = {outputs.MASTER_ADDRESS, outputs.CONNECT_COMMAND, outputs.MASTER_ASG_NAME,
                 outputs.WORKER_ASG_NAME, outputs.FILE_SYSTEM_ID, outputs.BUCKET_NAME,
                 outputs.TRAINING_IMAGE_URI, outputs.PRIVATE_SUBNET_IDS}
     default_outputs = default_synth.templates[CLUSTER]["Outputs"]
     assert expected <= set(default_outputs)
     assert "aws ssm start-session" in json.dumps(default_outputs[outputs.CONNECT_COMMAND])
-    variant_connect = json.dumps(variant_synth.templates[CLUSTER]["Outputs"][outputs.CONNECT_COMMAND])
+    variant_connect = json.dumps(ssh_synth.templates[CLUSTER]["Outputs"][outputs.CONNECT_COMMAND])
     assert "ssh -i ~/.ssh/research-key.pem ubuntu@" in variant_connect
     assert "-A" not in variant_connect  # no agent forwarding
     subnets = default_outputs[outputs.PRIVATE_SUBNET_IDS]["Value"]["Fn::Join"]

@@ -67,7 +67,7 @@ def test_rdma_table_agrees_with_sagemakers_runner_and_the_clusters_types():
     gpu = [t for t in SM_EFA_NCCL_INSTANCES if not t.startswith("ml.trn")]
     assert {t for t in gpu if efa_rdma_read(t)} == {t for t in gpu if t in SM_EFA_RDMA_INSTANCES}
     assert {t for t in EFA_INSTANCE_TYPES if efa_rdma_read(t)} == \
-        {t for t in EFA_INSTANCE_TYPES if t.split(".")[0] in ("p4d", "p4de", "p5", "p5e", "p5en")}
+        {t for t in EFA_INSTANCE_TYPES if t.split(".")[0] in ("p4d", "p4de", "p5", "p5e", "p5en", "p6-b200")}
     assert not efa_rdma_read("g5.48xlarge") and not efa_rdma_read("p3dn.24xlarge")
 
 

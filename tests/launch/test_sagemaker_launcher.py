@@ -163,7 +163,11 @@ def test_companion_commands(sagemaker_env, capsys, monkeypatch):
     assert json.loads(capsys.readouterr().out)["TrainingJobName"] == name
     # moto reports every job Completed at once, so following its logs ends at once.
     assert launcher.main(["logs", name]) == 0
-    assert capsys.readouterr().out.strip().endswith(f"{name}: Completed")
+    # The final status, then the finished job's cost: moto bills nothing, and SageMakerStack's
+    # default type (ml.p4d.24xlarge) has no price recorded in infra/instance_types.py.
+    assert capsys.readouterr().out.strip().splitlines()[-2:] == [
+        f"{name}: Completed", "estimated cost: no price recorded for ml.p4d.24xlarge (1 x "
+        "ml.p4d.24xlarge x 0.00 h; add its price to infra/instance_types.py for an estimate)"]
     assert launcher.main(["describe", "no-such-job"]) == 2
     assert "no training job named 'no-such-job'" in capsys.readouterr().err
     assert launcher.main(["stop", "no-such-job"]) == 2
@@ -219,4 +223,4 @@ def test_fsx_without_a_lustre_file_system_says_how_to_get_one(sagemaker_env, cap
     deploy_stack(session)
     assert launcher.main(["start", "--fsx", "--dry-run"]) == 2
     err = capsys.readouterr().err
-    assert "has no FSx for Lustre file system" in err and "-c fsx_lustre_storage_gib=1200" in err
+    assert "has no FSx for Lustre file system" in err and "python -m infra.settings set fsx_lustre_storage_gib=1200" in err

@@ -19,10 +19,20 @@ import pytest
 
 from aws_fakes import capture_requests
 from launch import smoke
+from recorded_aws import Replay
 from training.configs import cpu_synthetic
 from training.metrics import EVALUATION_METRICS
 
 INFRA_TESTS = Path(__file__).resolve().parents[1] / "infra"
+
+
+@pytest.fixture(autouse=True)
+def recorded_quotas(monkeypatch):
+    """The pre-flight's EC2 quotas (moto has none): the Standard vCPU quota 64, Elastic IPs 5,
+    recorded responses of Service Quotas (tests/launch/recorded_aws/), served on 127.0.0.1."""
+    with Replay({"GetServiceQuota": {"L-1216C47A": "standard-64", "L-0263D0A3": "elastic-ip-5"}}).serve() as url:
+        monkeypatch.setenv("AWS_ENDPOINT_URL_SERVICE_QUOTAS", url)
+        yield
 
 
 def _cdk_synth():
@@ -73,6 +83,8 @@ def test_plan_states_cost_and_time_and_refusal_creates_nothing(aws_env, monkeypa
     for step in ("deploy", "dataset", "stage", "train", "results", "teardown"):
         assert f"  {step} " in out
     assert "account 123456789012" in out and out.rstrip().endswith("nothing created")
+    # The deployment pre-flight ran first: 2 x m5.xlarge = 8 vCPUs of the Standard quota.
+    assert out.index("PASS  vcpu-quota: Running On-Demand Standard") < out.index("checked: account")
     # Only the read-only Docker check ran; nothing was deployed or uploaded.
     assert runner.verbs() == [("docker", "info")]
     assert boto3.client("cloudformation").list_stacks()["StackSummaries"] == []
@@ -88,15 +100,16 @@ def test_cost_follows_the_instance_types_and_counts():
     assert ec2(smoke.Settings(cluster_instance_type="c5.xlarge")) < ec2(base)
     worst = smoke.cost_items(base, train_minutes=base.job_timeout_s / 60)
     assert sum(i.usd for i in worst) > sum(i.usd for i in smoke.cost_items(base))
-    with pytest.raises(smoke.LaunchError, match="no price known for 'g5.xlarge'"):
-        smoke.cost_items(smoke.Settings(cluster_instance_type="g5.xlarge"))
+    # infra/instance_types.py records no price for p5e.48xlarge: the plan refuses to guess one.
+    with pytest.raises(smoke.LaunchError, match="no price recorded for 'p5e.48xlarge'"):
+        smoke.cost_items(smoke.Settings(cluster_instance_type="p5e.48xlarge"))
 
 
 def test_smoke_context_is_accepted_by_the_app_config():
-    from infra.config import AppConfig
-    context = {**json.loads((smoke.REPO_ROOT / "cdk.json").read_text())["context"],
-               **_context(smoke.Settings().cdk_context())}
-    config = AppConfig.from_context(context)
+    from infra import settings
+    context = _context(smoke.Settings().cdk_context())
+    assert context["settings_file"] == "none"   # never the user's own deployment's settings
+    config = settings.resolve(context).config
     assert config.gpus_per_node == 0 and config.worker_count == 1
     assert config.stack_name("EfsClusterStack") == smoke.Settings().stack_name("EfsClusterStack")
 
@@ -106,6 +119,22 @@ def test_a_prefix_the_app_refuses_stops_before_anything(aws_env, capsys):
     assert smoke.main(["--yes", "--name-prefix", "smoke_1"], runner=runner) == 2
     assert runner.calls == []
     assert "infra/config.py refuses the smoke configuration: context key 'name_prefix'" in capsys.readouterr().out
+
+
+def test_a_failed_preflight_check_stops_before_the_smoke_checks_and_anything(aws_env, capsys):
+    ec2 = boto3.client("ec2")
+    for _ in range(4):   # of the 5 Elastic IPs: 1 left, the NAT gateway and the master need 2
+        ec2.allocate_address(Domain="vpc")
+    runner = Recorder()
+
+    assert smoke.main(["--yes"], runner=runner) == 2
+
+    out = capsys.readouterr().out
+    assert "the pre-flight found what would stop the deploy (nothing was created)" in out
+    assert ("elastic-ip-quota: EC2-VPC Elastic IPs (L-0263D0A3) is 5 addresses, 4 allocated: "
+            "1 available, 2 needed") in out
+    # Before the smoke's own checks: no Docker check, and no word of the missing CDK bootstrap.
+    assert runner.calls == [] and "not CDK-bootstrapped" not in out
 
 
 def test_a_failed_deploy_is_still_torn_down(aws_env, capsys):

@@ -1,0 +1,205 @@
+"""Scale the worker group to zero after IDLE_SCALEDOWN_MINUTES without a running training job.
+
+On the master, the systemd timer maskrcnn-idle.timer (infra/userdata/cluster_node.sh) runs this
+every minute in the training container:
+
+    docker exec maskrcnn python -m launch.cluster.idle
+
+A training job is running when either
+  - a run holds the run lock (:func:`training_lock`: `maskrcnn-train`, launch/cluster/run.py, holds
+    it shared from before it scales the workers up until it exits; the kernel releases it with the
+    process, so a run that was killed leaves nothing stale), or
+  - a training process runs in the master's container (mpirun, horovodrun or `python -m
+    training.train`, also when started by hand rather than by `maskrcnn-train`).
+The check holds the same lock exclusively while it decides and scales, so a run that starts in that
+moment waits the few seconds until the check is done, then scales the workers back up itself.
+
+The idle time is kept in <EFS>/.maskrcnn/<stack>/idle.json, so a restarted container or a replaced
+master continues the count. It counts only over consecutive checks that saw the workers up and no
+job: after more than MAX_GAP_S without a check (the master was paused, replaced or rebooted), or once
+the workers are up again after being at 0, it starts from zero, so a resumed cluster is not scaled
+down at once. The master itself stays up; 0 minutes turns the check off.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import json
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import boto3
+
+from launch.aws import LaunchError
+from launch.cluster import capacity
+from launch.cluster.hostfile import CLUSTER_ENV, read_cluster_env
+
+# In the master's container, where both `maskrcnn-train` and this check run (docker exec).
+RUN_LOCK = "/tmp/maskrcnn-training.lock"
+STATE_NAME = "idle.json"
+# The timer fires every minute; a longer silence means no check ran (the master was off).
+MAX_GAP_S = 5 * 60
+TRAINING_PROGRAMS = frozenset({"mpirun", "mpiexec", "orterun", "prterun", "orted", "prted",
+                               "horovodrun"})
+TRAINING_MODULES = frozenset({"training.train", "launch.cluster.run"})
+
+
+def _open_lock(path: str) -> int:
+    return os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+
+
+@contextlib.contextmanager
+def training_lock(path: str | None = None) -> Iterator[None]:
+    """Held by a training run for as long as it runs: the idle check never scales the workers
+    down under it. Shared, so that several runs (a dry run beside a real one) do not wait for each
+    other; it waits only while an idle check holds it (seconds)."""
+    fd = _open_lock(path or RUN_LOCK)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        yield
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def _check_lock(path: str) -> Iterator[bool]:
+    """True when no run holds the run lock; held exclusively until the block ends."""
+    fd = _open_lock(path)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+        else:
+            yield True
+    finally:
+        os.close(fd)
+
+
+def is_training(argv: list[str]) -> bool:
+    if not argv:
+        return False
+    if os.path.basename(argv[0]) in TRAINING_PROGRAMS:
+        return True
+    return any(flag == "-m" and module in TRAINING_MODULES for flag, module in zip(argv, argv[1:]))
+
+
+def training_processes(proc_root: str = "/proc") -> list[str]:
+    """Command lines of the training processes running here (this container's processes)."""
+    found = []
+    for entry in Path(proc_root).iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            raw = (entry / "cmdline").read_bytes()
+        except OSError:   # ended meanwhile
+            continue
+        argv = [arg for arg in raw.decode(errors="replace").split("\0") if arg]
+        if is_training(argv):
+            found.append(" ".join(argv)[:200])
+    return found
+
+
+def idle_minutes(env: dict[str, str]) -> int:
+    raw = env.get("IDLE_SCALEDOWN_MINUTES", "0").strip() or "0"
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise LaunchError(f"IDLE_SCALEDOWN_MINUTES in {CLUSTER_ENV} is {raw!r}, not a whole number "
+                          f"of minutes: set idle_scaledown_minutes in the settings and redeploy")
+    return value
+
+
+def state_file(env: dict[str, str]) -> Path:
+    return Path(env.get("EFS_MOUNT", "/efs"), ".maskrcnn", env["STACK_NAME"], STATE_NAME)
+
+
+def read_state(path: Path) -> dict:
+    try:
+        state = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as err:
+        print(f"{path} is unreadable ({err}): counting the idle time from now", file=sys.stderr)
+        return {}
+    return state if isinstance(state, dict) else {}
+
+
+def write_state(path: Path, state: dict) -> None:
+    """Replaces ``path`` atomically: a check killed midway leaves the previous state."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w") as handle:
+            json.dump(state, handle)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def check(session: boto3.session.Session, env: dict[str, str], *, now: float,
+          lock_path: str | None = None, proc_root: str = "/proc") -> str:
+    """One idle check at time ``now`` (seconds since the epoch); scales the worker group to 0 when
+    it has been idle long enough. Returns what it found, for the log."""
+    minutes = idle_minutes(env)
+    if minutes == 0:
+        return "idle scale-down is off (IDLE_SCALEDOWN_MINUTES=0)"
+    worker = env.get("WORKER_ASG_NAME")
+    if not worker:
+        return "the cluster has no worker group"
+    path = state_file(env)
+    with _check_lock(lock_path or RUN_LOCK) as no_run:
+        state = read_state(path)
+        jobs = training_processes(proc_root) if no_run else []
+        if not no_run or jobs:
+            write_state(path, {**state, "last_check": now, "idle_since": None,
+                               "workers_desired": None})
+            return ("a training job is running (" + ("maskrcnn-train holds the run lock" if not no_run
+                                                     else jobs[0]) + "): not idle")
+        (group,) = capacity.describe_groups(session, {"worker": worker})
+        if group.desired == 0:
+            write_state(path, {**state, "last_check": now, "idle_since": None, "workers_desired": 0})
+            return f"the worker group {worker} is at 0 nodes: nothing to scale down"
+        last_check, idle_since = state.get("last_check"), state.get("idle_since")
+        if (idle_since is None or last_check is None or now - last_check > MAX_GAP_S
+                or state.get("workers_desired") == 0):
+            idle_since = now   # the count starts again (see the module's docstring)
+        idle_s = now - idle_since
+        if idle_s < minutes * 60:
+            write_state(path, {**state, "last_check": now, "idle_since": idle_since,
+                               "workers_desired": group.desired})
+            return (f"no training job for {idle_s / 60:.0f} min: the worker group scales to 0 "
+                    f"after {minutes}")
+        capacity.set_desired(session, group, 0)
+        write_state(path, {**state, "last_check": now, "idle_since": None, "workers_desired": 0,
+                           "scaled_down_at": now})
+        return (f"scaled the worker group {worker} from {group.desired} to 0 nodes after "
+                f"{idle_s / 60:.0f} min without a training job; the next maskrcnn-train scales it "
+                f"back up")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m launch.cluster.idle",
+                                description=__doc__.splitlines()[0])
+    p.add_argument("--cluster-env", default=CLUSTER_ENV)
+    a = p.parse_args(argv)
+    try:
+        env = read_cluster_env(a.cluster_env)
+        session = boto3.session.Session(region_name=env.get("AWS_REGION"))
+        print(check(session, env, now=time.time()), flush=True)
+    except LaunchError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

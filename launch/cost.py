@@ -1,0 +1,55 @@
+"""The estimated cost of a finished training run, from the prices recorded in
+infra/instance_types.py: EC2 types in INSTANCE_TYPES, SageMaker ml.* types in SAGEMAKER_PRICES.
+
+One computation (:func:`estimate`) behind both cost lines: the cluster run's (launch/cluster/run.py:
+the run's nodes x its wall time) and a finished SageMaker job's (launch/sagemaker/launcher.py: its
+billable seconds x its instance count). Always an estimate: on-demand list prices of us-east-1,
+without storage, data transfer, or spot and savings-plan discounts.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from infra.instance_types import INSTANCE_TYPES, SAGEMAKER_PRICES
+
+PRICE_BASIS = "on-demand list price in us-east-1; other regions differ by up to ~30%"
+
+
+def price_per_hour(instance_type: str) -> float | None:
+    """USD per hour of one instance, or None when infra/instance_types.py records no price."""
+    if instance_type.startswith("ml."):
+        return SAGEMAKER_PRICES.get(instance_type)
+    info = INSTANCE_TYPES.get(instance_type)
+    return info.price_per_hour if info is not None else None
+
+
+@dataclass(frozen=True)
+class CostEstimate:
+    instance_type: str
+    instances: int
+    seconds: float
+    price_per_hour: float | None
+
+    @property
+    def hours(self) -> float:
+        return self.seconds / 3600
+
+    @property
+    def usd(self) -> float | None:
+        if self.price_per_hour is None:
+            return None
+        return self.instances * self.hours * self.price_per_hour
+
+    def line(self) -> str:
+        what = f"{self.instances} x {self.instance_type} x {self.hours:.2f} h"
+        if self.usd is None:
+            return (f"estimated cost: no price recorded for {self.instance_type} ({what}; add its "
+                    f"price to infra/instance_types.py for an estimate)")
+        return (f"estimated cost: ${self.usd:.2f} = {what} x ${self.price_per_hour:g}/h "
+                f"({PRICE_BASIS})")
+
+
+def estimate(instance_type: str, instances: int, seconds: float) -> CostEstimate:
+    """``instances`` of ``instance_type`` for ``seconds`` each, at the recorded price."""
+    return CostEstimate(instance_type, instances, max(float(seconds), 0.0),
+                        price_per_hour(instance_type))

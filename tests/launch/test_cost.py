@@ -1,0 +1,136 @@
+"""The estimated cost at the end of a training run: the cluster's (nodes x wall hours x the EC2
+price) and a finished SageMaker job's (BillableTimeInSeconds x InstanceCount x the ml.* price;
+AWS's DescribeTrainingJob reference: "Multiply BillableTimeInSeconds by the number of instances
+(InstanceCount) ... to get the total compute time SageMaker bills you"). Every expected dollar
+figure is worked out by hand below from the prices infra/instance_types.py records (written out
+here: c5.xlarge $0.17/h, p4d.24xlarge $21.96/h, ml.g5.12xlarge $7.09/h)."""
+import json
+import os
+import sys
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import boto3
+import pytest
+
+from launch import cost
+from launch.cluster import health, idle, run
+from launch.cluster.hostfile import ClusterNode
+from launch.sagemaker import launcher
+
+
+def test_cluster_cost_is_nodes_times_hours_times_price():
+    # 4 nodes x 2.5 h x $21.96/h = $219.60
+    estimate = cost.estimate("p4d.24xlarge", 4, 2.5 * 3600)
+    assert estimate.usd == pytest.approx(219.60)
+    assert estimate.line().startswith("estimated cost: $219.60 = 4 x p4d.24xlarge x 2.50 h x $21.96/h "
+                                      "(on-demand list price in us-east-1")
+
+
+def test_an_unknown_price_is_said_not_guessed():
+    line = cost.estimate("p5e.48xlarge", 2, 3600).line()
+    assert line.startswith("estimated cost: no price recorded for p5e.48xlarge (2 x p5e.48xlarge x 1.00 h")
+    assert "$" not in line
+    assert cost.price_per_hour("ml.p4d.24xlarge") is None
+    assert cost.price_per_hour("x9.nothing") is None
+
+
+def test_one_line_per_instance_type_of_the_run():
+    nodes = [ClusterNode("i-1", "10.0.0.1", "c5.xlarge", "master", 0),
+             ClusterNode("i-2", "10.0.0.2", "c5.xlarge", "worker", 0)]
+    # 2 nodes x 3 h x $0.17/h = $1.02
+    assert run.cost_lines(nodes, 3 * 3600) == [cost.estimate("c5.xlarge", 2, 3 * 3600).line()]
+    assert run.cost_lines(nodes, 3 * 3600)[0].startswith("estimated cost: $1.02 = 2 x c5.xlarge x 3.00 h")
+
+
+def _job(**fields):
+    return {"TrainingJobStatus": "Completed",
+            "ResourceConfig": {"InstanceType": "ml.g5.12xlarge", "InstanceCount": 2}, **fields}
+
+
+def test_sagemaker_cost_uses_the_billable_seconds_per_instance():
+    # Managed spot: 5400 s trained, 1800 s billable per instance. 2 x 0.5 h x $7.09/h = $7.09
+    estimate = launcher.job_cost(_job(BillableTimeInSeconds=1800, TrainingTimeInSeconds=5400))
+    assert estimate.usd == pytest.approx(7.09)
+    # Without a billable time: the training time. 2 x 1.5 h x $7.09/h = $21.27
+    assert launcher.job_cost(_job(TrainingTimeInSeconds=5400)).usd == pytest.approx(21.27)
+    # Without either: the interval SageMaker bills, TrainingStartTime to TrainingEndTime (45 min).
+    start = datetime(2025, 3, 1, 8, tzinfo=timezone.utc)
+    # 2 x 0.75 h x $7.09/h = $10.635
+    assert launcher.job_cost(_job(TrainingStartTime=start, TrainingEndTime=start + timedelta(minutes=45))
+                             ).usd == pytest.approx(10.635)
+    assert launcher.job_cost(_job(TrainingJobStatus="InProgress", BillableTimeInSeconds=60)) is None
+    assert launcher.job_cost(_job(TrainingJobStatus="Stopped", BillableTimeInSeconds=3600)).usd == pytest.approx(14.18)
+
+
+def test_describe_of_a_finished_job_states_its_cost(sagemaker_env, capsys):
+    session = boto3.session.Session()
+    sm = session.client("sagemaker")
+    sm.create_training_job(
+        TrainingJobName="maskrcnn-2025", RoleArn="arn:aws:iam::123456789012:role/SageMakerTrainingRole",
+        AlgorithmSpecification={"TrainingImage": "123456789012.dkr.ecr.us-east-1.amazonaws.com/x:y",
+                                "TrainingInputMode": "File"},
+        OutputDataConfig={"S3OutputPath": "s3://bucket/out"},
+        ResourceConfig={"InstanceType": "ml.g5.12xlarge", "InstanceCount": 2, "VolumeSizeInGB": 50},
+        StoppingCondition={"MaxRuntimeInSeconds": 86400})
+
+    # moto completes a job at once and reports no billed time: add SageMaker's figure to its answer.
+    def billed(parsed, **kwargs):
+        parsed["BillableTimeInSeconds"] = 5400
+
+    session.events.register("after-call.sagemaker.DescribeTrainingJob", billed)
+    described = launcher.describe_job("maskrcnn-2025", session)
+    # 2 x 1.5 h x $7.09/h = $21.27
+    assert described["EstimatedCostUSD"] == 21.27
+    assert described["EstimatedCost"].startswith("estimated cost: $21.27 = 2 x ml.g5.12xlarge x 1.50 h x $7.09/h")
+    json.dumps(described, default=str)   # describe prints it as JSON
+
+
+def test_the_cluster_run_ends_with_its_cost(aws_env, tmp_path, monkeypatch, capsys):
+    """A finished run on 2 CPU nodes (this machine stands in for both) that took 1.5 hours by the
+    clock given to it: 2 x 1.5 h x $0.17/h = $0.51."""
+    session = boto3.session.Session()
+    ec2, asg = session.client("ec2"), session.client("autoscaling")
+    vpc = ec2.create_vpc(CidrBlock="10.0.0.0/16")["Vpc"]["VpcId"]
+    subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="10.0.2.0/24")["Subnet"]["SubnetId"]
+    ec2.create_launch_template(LaunchTemplateName="node-lt",
+                               LaunchTemplateData={"ImageId": "ami-12c6146b", "InstanceType": "c5.xlarge"})
+    for name in ("m-asg", "w-asg"):
+        asg.create_auto_scaling_group(AutoScalingGroupName=name, LaunchTemplate={"LaunchTemplateName": "node-lt"},
+                                      MinSize=0, MaxSize=1, DesiredCapacity=1, VPCZoneIdentifier=subnet)
+    efs = tmp_path / "efs"
+    (efs / "data" / "coco" / "annotations").mkdir(parents=True)
+    env_file = tmp_path / "cluster.env"
+    env_file.write_text(f"AWS_REGION=us-east-1\nMASTER_ASG_NAME=m-asg\nWORKER_ASG_NAME=w-asg\n"
+                        f"EFS_MOUNT={efs}\nSSH_PORT=2222\nSTACK_NAME=c\n")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "mpirun").write_text("#!/bin/sh\nexit 0\n")
+    (bin_dir / "mpirun").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{Path(sys.executable).parent}:{os.environ['PATH']}")
+    monkeypatch.setattr(idle, "RUN_LOCK", str(tmp_path / "training.lock"))
+    times = iter([0.0, 5400.0])          # the run's start, then its end
+    assert run.main(["--cluster-env", str(env_file)], runner=health.LocalRunner(),
+                    clock=lambda: next(times)) == 0
+    out = capsys.readouterr().out
+    assert out.rstrip().splitlines()[-1].startswith("estimated cost: $0.51 = 2 x c5.xlarge x 1.50 h x $0.17/h")
+    assert out.index("training finished") < out.index("estimated cost")
+
+
+def test_the_image_holds_every_infra_module_the_master_commands_import():
+    """maskrcnn-train (with its cost line) and the idle check run in the training image, which holds
+    only what docker/Dockerfile copies: every infra module they import must be among it."""
+    import subprocess
+    from infra.constructs.training_image import dockerfile_copy_sources
+
+    repo = Path(__file__).resolve().parents[2]
+    code = ("import sys, launch.cluster.run, launch.cluster.idle\n"
+            "for name, module in sorted(sys.modules.items()):\n"
+            "    if name.split('.')[0] == 'infra' and getattr(module, '__file__', None):\n"
+            "        print(module.__file__)\n")
+    files = subprocess.run([sys.executable, "-c", code], cwd=repo, capture_output=True, text=True,
+                           check=True).stdout.split()
+    needed = sorted(Path(f).resolve().relative_to(repo).as_posix() for f in files)
+    copied = dockerfile_copy_sources(repo / "docker" / "Dockerfile")
+    assert "infra/instance_types.py" in needed           # the prices of the cost line
+    assert [f for f in needed if not any(f == c or f.startswith(f"{c}/") for c in copied)] == []

@@ -1,0 +1,318 @@
+"""The pre-flight (launch/preflight.py) against a moto server, with recorded responses
+(tests/launch/recorded_aws/) for what moto does not answer: Service Quotas' EC2 quotas,
+DescribeCapacityReservations, Resource Groups' ListGroupResources, and a stack in
+ROLLBACK_COMPLETE.
+
+moto answers DescribeAvailabilityZones, DescribeInstanceTypeOfferings, DescribeInstanceTypes,
+DescribeInstances, DescribeAddresses and DescribeStacks. Its offerings are AWS's: p4d.24xlarge in
+us-east-1 is offered in us-east-1a to us-east-1d, not in us-east-1e or us-east-1f
+(test_moto_offers_p4d_in_four_zones pins that), and the scenarios are built on it.
+
+Expected numbers are worked out by hand in each test: a p4d.24xlarge has 96 vCPUs, a node count
+is worker_count + 1; quota codes and names are AWS's (Service Quotas console, Amazon EC2)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import boto3
+import pytest
+
+from aws_fakes import deploy_stack
+from infra.config import AppConfig
+from infra.settings import set_values
+from launch import preflight
+from recorded_aws import Replay
+
+REPO_ROOT = preflight.DEFAULT_PATH.parent
+P_QUOTA, P_NAME = "L-417A185B", "Running On-Demand P instances"
+EIP_QUOTA, EIP_NAME = "L-0263D0A3", "EC2-VPC Elastic IPs"
+QUOTAS = {"GetServiceQuota": {P_QUOTA: "p-192", EIP_QUOTA: "elastic-ip-5"}}
+
+# Recorded reservations (tests/launch/recorded_aws/describe_capacity_reservations.json).
+ODCR_FITS = "cr-0a1b2c3d4e5f60718"         # p4d.24xlarge, us-east-1a, active, 2 of 2 available
+ODCR_ZONE_B = "cr-0b2c3d4e5f6071829"       # p4d.24xlarge, us-east-1b, active, 2 of 2
+ODCR_G5 = "cr-0c3d4e5f607182930"           # g5.48xlarge, us-east-1a, active, 2 of 2
+ODCR_ONE_LEFT = "cr-0d4e5f60718293a41"     # p4d.24xlarge, us-east-1a, active, 1 of 2
+BLOCK_SCHEDULED = "cr-0e5f60718293a4b52"   # Capacity Block, p4d.24xlarge, us-east-1a, starts 2026-12-01 11:30 UTC
+BLOCK_ACTIVE = "cr-0f60718293a4b5c63"      # Capacity Block, p4d.24xlarge, us-east-1a, active, 2 of 2
+MISSING = "cr-0123456789abcdef0"
+RESERVATIONS = {
+    ODCR_FITS: "odcr-p4d-us-east-1a-2-available", ODCR_ZONE_B: "odcr-p4d-us-east-1b-2-available",
+    ODCR_G5: "odcr-g5-us-east-1a-2-available", ODCR_ONE_LEFT: "odcr-p4d-us-east-1a-1-of-2-available",
+    BLOCK_SCHEDULED: "block-p4d-us-east-1a-scheduled", BLOCK_ACTIVE: "block-p4d-us-east-1a-active",
+    MISSING: "not-found",
+}
+GROUP = "arn:aws:resource-groups:us-east-1:123456789012:group/p4d-reservations"
+EMPTY_GROUP = "arn:aws:resource-groups:us-east-1:123456789012:group/nothing-yet"
+
+
+def p4d(**values) -> AppConfig:
+    return AppConfig.from_context({"instance_type": "p4d.24xlarge", "worker_count": 1, **values})
+
+
+def checks(config: AppConfig, replay: Replay, session=None) -> dict[str, preflight.CheckResult]:
+    session = session or boto3.session.Session()
+    replay.install(session)
+    return {r.name: r for r in preflight.run_checks(config, session)}
+
+
+def run_instances(instance_type: str, count: int = 1, **kwargs) -> list[str]:
+    ec2 = boto3.client("ec2")
+    image = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+    made = ec2.run_instances(ImageId=image, MinCount=count, MaxCount=count, InstanceType=instance_type, **kwargs)
+    return [i["InstanceId"] for i in made["Instances"]]
+
+
+def test_moto_offers_p4d_in_four_zones(aws_env):
+    offers = boto3.client("ec2").describe_instance_type_offerings(
+        LocationType="availability-zone",
+        Filters=[{"Name": "instance-type", "Values": ["p4d.24xlarge"]}])["InstanceTypeOfferings"]
+    assert sorted(o["Location"] for o in offers) == ["us-east-1a", "us-east-1b", "us-east-1c", "us-east-1d"]
+
+
+def test_all_checks_pass(aws_env):
+    replay = Replay(QUOTAS)
+    results = checks(p4d(), replay)
+
+    assert list(results) == ["zone", "vcpu-quota", "elastic-ip-quota", "capacity-reservation", "stacks"]
+    assert all(r.ok for r in results.values()), results
+    # availability_zones unset: the VPC's first zone is the region's first available one.
+    assert "offered in us-east-1a (the first zone of us-east-1" in results["zone"].message
+    # 2 nodes x 96 vCPUs = 192 needed; nothing running, so all of the 192 are available.
+    assert results["vcpu-quota"].message.startswith(f"{P_NAME} ({P_QUOTA}): 192 vCPUs needed")
+    assert "192 of 192 available (none in use)" in results["vcpu-quota"].message
+    assert "2 needed (the NAT gateway's and the master's), 5 of 5 available" in results["elastic-ip-quota"].message
+    assert "none of NetworkStorageStack, EfsClusterStack, SageMakerStack exists" in results["stacks"].message
+    assert sorted(replay.answered) == [("GetServiceQuota", EIP_QUOTA), ("GetServiceQuota", P_QUOTA)]
+
+
+def test_type_not_offered_in_the_cluster_zone_names_the_zones_that_offer_it(aws_env):
+    results = checks(p4d(availability_zones="us-east-1a,us-east-1e", cluster_availability_zone="us-east-1e"),
+                     Replay(QUOTAS))
+
+    zone = results["zone"]
+    assert not zone.ok
+    assert zone.message.startswith("p4d.24xlarge is not offered in us-east-1e (cluster_availability_zone)")
+    assert "offer it: us-east-1a, us-east-1b, us-east-1c, us-east-1d" in zone.message
+    # One of the VPC's zones offers it: only the cluster's zone needs to move.
+    assert "`python -m infra.settings set cluster_availability_zone=us-east-1a`" in zone.message
+    assert all(r.ok for name, r in results.items() if name != "zone")
+
+
+def test_no_vpc_zone_offers_the_type_suggests_two_that_do(aws_env):
+    zone = checks(p4d(availability_zones="us-east-1e,us-east-1f"), Replay(QUOTAS))["zone"]
+
+    assert not zone.ok and "not offered in us-east-1e (the first of availability_zones)" in zone.message
+    assert ("python -m infra.settings set availability_zones=us-east-1a,us-east-1b "
+            "cluster_availability_zone=us-east-1a") in zone.message
+
+
+def test_vcpu_quota_too_small_with_a_running_instance(aws_env):
+    run_instances("p4d.24xlarge")   # 96 of the 192 in use
+
+    results = checks(p4d(), Replay(QUOTAS))
+
+    vcpu = results["vcpu-quota"]
+    assert not vcpu.ok
+    # 192 - 96 = 96 available; 2 nodes x 96 = 192 needed; 96 + 192 = 288 asked for.
+    assert vcpu.message.startswith(f"{P_NAME} ({P_QUOTA}) is 192 vCPUs, 96 in use by 1 running instance(s)")
+    assert "96 available, 192 needed for 2 x p4d.24xlarge" in vcpu.message
+    assert (f"aws service-quotas request-service-quota-increase --service-code ec2 --quota-code {P_QUOTA} "
+            f"--desired-value 288 --region us-east-1") in vcpu.message
+    assert "Service Quotas console" in vcpu.message
+    assert all(r.ok for name, r in results.items() if name != "vcpu-quota")
+
+
+def test_vcpu_usage_counts_running_on_demand_instances_of_the_family_only(aws_env):
+    ec2 = boto3.client("ec2")
+    run_instances("p4d.24xlarge")                 # P, 96
+    run_instances("p5.4xlarge")                   # P, 16 (not in infra/instance_types.py)
+    run_instances("g5.xlarge")                    # G and VT quota
+    run_instances("inf2.xlarge")                  # Inf quota, though its first letter is a Standard one
+    ec2.stop_instances(InstanceIds=run_instances("p4d.24xlarge"))                          # stopped
+    run_instances("p4d.24xlarge", InstanceMarketOptions={"MarketType": "spot"})          # Spot quota
+
+    vcpu = checks(p4d(worker_count=0), Replay(QUOTAS))["vcpu-quota"]
+
+    # 96 + 16 = 112 in use; 192 - 112 = 80 available; 1 node x 96 needed; 112 + 96 = 208 asked for.
+    assert not vcpu.ok
+    assert "112 in use by 2 running instance(s) of the family: 80 available, 96 needed" in vcpu.message
+    assert "--desired-value 208" in vcpu.message
+
+
+def test_elastic_ip_quota_full(aws_env):
+    ec2 = boto3.client("ec2")
+    allocated = [ec2.allocate_address(Domain="vpc")["AllocationId"] for _ in range(4)]
+
+    results = checks(p4d(), Replay(QUOTAS))
+
+    eip = results["elastic-ip-quota"]
+    # 5 - 4 = 1 available; the NAT gateway and the master need 2; 4 + 2 = 6 asked for.
+    assert not eip.ok
+    assert eip.message.startswith(f"{EIP_NAME} ({EIP_QUOTA}) is 5 addresses, 4 allocated: 1 available, 2 needed")
+    assert f"--quota-code {EIP_QUOTA} --desired-value 6" in eip.message
+    assert all(a in eip.message for a in allocated) and "aws ec2 release-address" in eip.message
+
+    # With an EFA interface on each of a p4d's 4 cards the master has no address: 1 needed, 1 free.
+    eip = checks(p4d(efa=True), Replay(QUOTAS))["elastic-ip-quota"]
+    assert eip.ok and "1 needed (the NAT gateway's; the master has none" in eip.message
+
+
+def test_quota_without_an_applied_value_falls_back_to_the_default(aws_env):
+    replay = Replay({"GetServiceQuota": {P_QUOTA: "p-192", EIP_QUOTA: "no-such-resource"},
+                     "GetAWSDefaultServiceQuota": {EIP_QUOTA: "elastic-ip-default-5"}})
+    eip = checks(p4d(), replay)["elastic-ip-quota"]
+    assert eip.ok and "5 of 5 available" in eip.message
+    assert ("GetAWSDefaultServiceQuota", EIP_QUOTA) in replay.answered
+
+
+@pytest.mark.parametrize("reservation, values, expected", [
+    (ODCR_FITS, {}, f"{ODCR_FITS}: On-Demand Capacity Reservation of p4d.24xlarge in us-east-1a, active, "
+                    "2 of 2 available for 2 nodes"),
+    (BLOCK_ACTIVE, {"capacity_block": True}, f"{BLOCK_ACTIVE}: Capacity Block of p4d.24xlarge in us-east-1a, "
+                                             "active, 2 of 2 available for 2 nodes, ends 2026-12-04 11:30 UTC"),
+])
+def test_reservation_that_fits(aws_env, reservation, values, expected):
+    replay = Replay({**QUOTAS, "DescribeCapacityReservations": RESERVATIONS})
+    results = checks(p4d(capacity_reservation=reservation, **values), replay)
+    assert all(r.ok for r in results.values()), results
+    assert results["capacity-reservation"].message == expected
+
+
+def test_capacity_block_nodes_are_not_counted_against_the_on_demand_quota(aws_env):
+    run_instances("p4d.24xlarge", count=2)   # the whole P quota (2 x 96 = 192) in use
+    replay = Replay({**QUOTAS, "DescribeCapacityReservations": RESERVATIONS})
+
+    results = checks(p4d(capacity_reservation=BLOCK_ACTIVE, capacity_block=True), replay)
+
+    assert results["vcpu-quota"].ok and "Capacity Block" in results["vcpu-quota"].message
+    assert ("GetServiceQuota", P_QUOTA) not in replay.answered
+    # The same nodes in an On-Demand Capacity Reservation do count: 0 of 192 left, 192 needed.
+    vcpu = checks(p4d(capacity_reservation=ODCR_FITS), replay)["vcpu-quota"]
+    assert not vcpu.ok and "0 available, 192 needed" in vcpu.message
+
+
+@pytest.mark.parametrize("reservation, values, expected", [
+    (MISSING, {}, f"{MISSING} does not exist in us-east-1"),
+    (ODCR_G5, {}, f"{ODCR_G5} is for g5.48xlarge, not instance_type p4d.24xlarge"),
+    (ODCR_ZONE_B, {}, f"{ODCR_ZONE_B} is in us-east-1b, not the cluster's zone us-east-1a"),
+    (ODCR_ZONE_B, {"availability_zones": "us-east-1b,us-east-1c", "cluster_availability_zone": "us-east-1c"},
+     f"{ODCR_ZONE_B} is in us-east-1b, not the cluster's zone us-east-1c"),
+    (ODCR_ONE_LEFT, {}, f"{ODCR_ONE_LEFT} has 1 of its 2 instances available, 2 needed (worker_count + 1)"),
+    (BLOCK_SCHEDULED, {"capacity_block": True},
+     f"{BLOCK_SCHEDULED} is scheduled: it starts 2026-12-01 11:30 UTC, and the nodes cannot launch into it"),
+    (BLOCK_ACTIVE, {}, f"{BLOCK_ACTIVE} is a Capacity Block: set capacity_block=true"),
+    (ODCR_FITS, {"capacity_block": True},
+     f"{ODCR_FITS} is an On-Demand Capacity Reservation, not a Capacity Block: set capacity_block=false"),
+])
+def test_reservation_that_does_not_fit(aws_env, reservation, values, expected):
+    replay = Replay({**QUOTAS, "DescribeCapacityReservations": RESERVATIONS})
+    results = checks(p4d(capacity_reservation=reservation, **values), replay)
+    check = results["capacity-reservation"]
+    assert not check.ok and check.message.startswith(expected), check.message
+    assert ("DescribeCapacityReservations", reservation) in replay.answered
+
+
+def test_resource_group_passes_when_one_reservation_fits(aws_env):
+    # The group lists ODCR_ZONE_B first (wrong zone), then ODCR_FITS.
+    replay = Replay({**QUOTAS, "DescribeCapacityReservations": RESERVATIONS,
+                     "ListGroupResources": {GROUP: "two-reservations", EMPTY_GROUP: "empty"}})
+
+    check = checks(p4d(capacity_reservation=GROUP), replay)["capacity-reservation"]
+    assert check.ok and check.message.startswith(f"{ODCR_FITS} of resource group {GROUP}: ")
+
+    # 3 nodes fit in neither (2 instances each); each is named with why.
+    check = checks(p4d(capacity_reservation=GROUP, worker_count=2), replay)["capacity-reservation"]
+    assert not check.ok and check.message.startswith(f"no reservation of resource group {GROUP} fits")
+    assert f"{ODCR_ZONE_B} is in us-east-1b, not the cluster's zone us-east-1a" in check.message
+    assert f"{ODCR_FITS} has 2 of its 2 instances available, 3 needed" in check.message
+
+    check = checks(p4d(capacity_reservation=EMPTY_GROUP), replay)["capacity-reservation"]
+    assert not check.ok and f"resource group {EMPTY_GROUP} lists no capacity reservation" in check.message
+
+
+def test_access_denied_fails_that_check_and_names_the_permission(aws_env):
+    replay = Replay({"GetServiceQuota": {P_QUOTA: "access-denied", EIP_QUOTA: "access-denied"},
+                     "DescribeCapacityReservations": {ODCR_FITS: "unauthorized"}})
+
+    results = checks(p4d(capacity_reservation=ODCR_FITS), replay)
+
+    for name in ("vcpu-quota", "elastic-ip-quota"):
+        assert not results[name].ok
+        assert results[name].message.startswith(
+            "not checked: the caller may not call servicequotas:GetServiceQuota (AccessDeniedException)")
+    assert results["capacity-reservation"].message.startswith(
+        "not checked: the caller may not call ec2:DescribeCapacityReservations (UnauthorizedOperation)")
+    assert results["zone"].ok and results["stacks"].ok
+
+
+def test_stack_in_rollback_complete_blocks_and_a_healthy_one_does_not(aws_env):
+    session = boto3.session.Session()
+    deploy_stack(session, name="team-a-SageMakerStack")   # CREATE_COMPLETE in moto
+    replay = Replay({**QUOTAS, "DescribeStacks": {
+        "team-a-NetworkStorageStack": "team-a-network-stack-rollback-complete"}})
+
+    stacks = checks(p4d(name_prefix="team-a"), replay, session)["stacks"]
+
+    assert not stacks.ok
+    assert stacks.message.startswith("team-a-NetworkStorageStack is ROLLBACK_COMPLETE")
+    assert ("aws cloudformation delete-stack --stack-name team-a-NetworkStorageStack "
+            "--region us-east-1") in stacks.message
+
+    stacks = checks(p4d(name_prefix="team-a"), Replay(QUOTAS))["stacks"]
+    assert stacks.ok
+    assert stacks.message == "exist, the deploy updates them: team-a-SageMakerStack (CREATE_COMPLETE)"
+
+
+def test_quota_family_of_running_instances():
+    # The quota names list the families: "Running On-Demand P instances", "G and VT instances",
+    # "Standard (A, C, D, H, I, M, R, T, Z) instances"; Inf, Trn, DL, HPC, X, F have their own.
+    expected = {"p4d.24xlarge": P_QUOTA, "p6-b200.48xlarge": P_QUOTA, "g5.xlarge": "L-DB2E81BA",
+                "gr6.4xlarge": "L-DB2E81BA", "vt1.3xlarge": "L-DB2E81BA", "m5.xlarge": "L-1216C47A",
+                "im4gn.large": "L-1216C47A", "t3.micro": "L-1216C47A", "inf2.xlarge": None,
+                "trn1.2xlarge": None, "dl1.24xlarge": None, "hpc7g.4xlarge": None, "x2idn.16xlarge": None,
+                "f1.2xlarge": None, "u-6tb1.metal": None}
+    assert {t: preflight.quota_code(t) for t in expected} == expected
+
+
+def test_bad_settings_exit_2(tmp_path, capsys):
+    settings = tmp_path / "settings.json"
+    settings.write_text('{"worker_count": -1}')
+    assert preflight.main(["--settings-file", str(settings)]) == 2
+    assert "error: bad settings: context key 'worker_count' is -1" in capsys.readouterr().err
+
+
+def _preflight(args, env):
+    return subprocess.run([sys.executable, "-m", "launch.preflight", *args], cwd=REPO_ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_command_against_moto_with_a_settings_file(aws_env, tmp_path):
+    settings = tmp_path / "deploy-a.json"
+    set_values(settings, ["instance_type=p4d.24xlarge", "worker_count=1",
+                          "availability_zones=us-east-1a,us-east-1e", "cluster_availability_zone=us-east-1e"])
+    with Replay(QUOTAS).serve() as quotas_url:
+        # The subprocess reaches moto for EC2 and CloudFormation, the recorded quotas for Service Quotas.
+        env = {**os.environ, "AWS_ENDPOINT_URL_SERVICE_QUOTAS": quotas_url}
+
+        failed = _preflight(["--settings-file", str(settings)], env)
+        set_values(settings, ["cluster_availability_zone=us-east-1a"])
+        passed = _preflight(["--settings-file", str(settings), "--json"], env)
+
+    assert failed.returncode == 1, failed.stderr
+    lines = failed.stdout.splitlines()
+    assert lines[0] == "pre-flight of EfsClusterStack and its stacks in us-east-1: 2 x p4d.24xlarge"
+    assert [line.split(":")[0] for line in lines[1:6]] == [
+        "FAIL  zone", "PASS  vcpu-quota", "PASS  elastic-ip-quota", "PASS  capacity-reservation", "PASS  stacks"]
+    assert f"python -m infra.settings --file {settings} set cluster_availability_zone=us-east-1a" in lines[1]
+    assert lines[-1] == "4 of 5 checks passed; fix the 1 failed before `cdk deploy`"
+
+    assert passed.returncode == 0, passed.stderr
+    results = json.loads(passed.stdout)
+    assert [(r["name"], r["ok"]) for r in results] == [
+        ("zone", True), ("vcpu-quota", True), ("elastic-ip-quota", True), ("capacity-reservation", True),
+        ("stacks", True)]
+    assert "offered in us-east-1a (cluster_availability_zone)" in results[0]["message"]
