@@ -28,6 +28,21 @@ def deploy_stack(session, name=outputs.SAGEMAKER_STACK, values=STACK_OUTPUTS):
     session.client("cloudformation").create_stack(StackName=name, TemplateBody=json.dumps(template))
 
 
+def node_groups(session, sizes: dict[str, tuple[int, int, int]]) -> str:
+    """Auto-scaling groups shaped like the cluster's (`sizes`: name -> (min, max, desired)), on a
+    CPU launch template in a new VPC subnet; returns the subnet id."""
+    ec2, asg = session.client("ec2"), session.client("autoscaling")
+    vpc = ec2.create_vpc(CidrBlock="10.0.0.0/16")["Vpc"]["VpcId"]
+    subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="10.0.2.0/24")["Subnet"]["SubnetId"]
+    ec2.create_launch_template(LaunchTemplateName="node-lt", LaunchTemplateData={
+        "ImageId": "ami-12c6146b", "InstanceType": "c5.xlarge"})
+    for name, (low, high, desired) in sizes.items():
+        asg.create_auto_scaling_group(
+            AutoScalingGroupName=name, LaunchTemplate={"LaunchTemplateName": "node-lt"},
+            MinSize=low, MaxSize=high, DesiredCapacity=desired, VPCZoneIdentifier=subnet)
+    return subnet
+
+
 def capture_requests(session, operation="CreateTrainingJob"):
     """JSON bodies of SageMaker `operation` requests as they leave botocore for the server.
 

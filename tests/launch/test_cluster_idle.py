@@ -13,6 +13,8 @@ import pytest
 
 from launch.cluster import capacity, health, idle, run
 
+from aws_fakes import node_groups
+
 MASTER, WORKER = "c-master", "c-worker"
 MINUTE = 60.0
 T0 = 1_700_000_000.0          # any epoch time; the checks are one minute apart from here
@@ -21,14 +23,7 @@ T0 = 1_700_000_000.0          # any epoch time; the checks are one minute apart 
 @pytest.fixture
 def cluster(aws_env, tmp_path, monkeypatch):
     session = boto3.session.Session()
-    ec2, asg = session.client("ec2"), session.client("autoscaling")
-    vpc = ec2.create_vpc(CidrBlock="10.0.0.0/16")["Vpc"]["VpcId"]
-    subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="10.0.2.0/24")["Subnet"]["SubnetId"]
-    ec2.create_launch_template(LaunchTemplateName="node-lt",
-                               LaunchTemplateData={"ImageId": "ami-12c6146b", "InstanceType": "c5.xlarge"})
-    for name, size in ((MASTER, 1), (WORKER, 2)):
-        asg.create_auto_scaling_group(AutoScalingGroupName=name, LaunchTemplate={"LaunchTemplateName": "node-lt"},
-                                      MinSize=0, MaxSize=size, DesiredCapacity=size, VPCZoneIdentifier=subnet)
+    node_groups(session, {MASTER: (0, 1, 1), WORKER: (0, 2, 2)})
     monkeypatch.setattr(idle, "RUN_LOCK", str(tmp_path / "training.lock"))
     proc = tmp_path / "proc"
     proc.mkdir()

@@ -14,19 +14,14 @@ from launch.cluster import health, run
 from launch.cluster.hostfile import ClusterNode
 from launch.cluster.launch_command import format_command
 
+from aws_fakes import node_groups
+
 
 @pytest.fixture
 def cluster(aws_env, tmp_path, monkeypatch):
     """Two CPU nodes in moto; this machine stands in for each of them."""
     session = boto3.session.Session()
-    ec2, asg = session.client("ec2"), session.client("autoscaling")
-    vpc = ec2.create_vpc(CidrBlock="10.0.0.0/16")["Vpc"]["VpcId"]
-    subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="10.0.2.0/24")["Subnet"]["SubnetId"]
-    ec2.create_launch_template(LaunchTemplateName="node-lt",
-                               LaunchTemplateData={"ImageId": "ami-12c6146b", "InstanceType": "c5.xlarge"})
-    for name in ("m-asg", "w-asg"):
-        asg.create_auto_scaling_group(AutoScalingGroupName=name, LaunchTemplate={"LaunchTemplateName": "node-lt"},
-                                      MinSize=1, MaxSize=1, DesiredCapacity=1, VPCZoneIdentifier=subnet)
+    node_groups(session, {"m-asg": (1, 1, 1), "w-asg": (1, 1, 1)})
     efs = tmp_path / "efs"
     (efs / "data" / "coco" / "annotations").mkdir(parents=True)
     env_file = tmp_path / "cluster.env"

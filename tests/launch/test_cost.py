@@ -18,6 +18,8 @@ from launch.cluster import health, idle, run
 from launch.cluster.hostfile import ClusterNode
 from launch.sagemaker import launcher
 
+from aws_fakes import node_groups
+
 
 def test_cluster_cost_is_nodes_times_hours_times_price():
     # 4 nodes x 2.5 h x $21.96/h = $219.60
@@ -90,14 +92,7 @@ def test_the_cluster_run_ends_with_its_cost(aws_env, tmp_path, monkeypatch, caps
     """A finished run on 2 CPU nodes (this machine stands in for both) that took 1.5 hours by the
     clock given to it: 2 x 1.5 h x $0.17/h = $0.51."""
     session = boto3.session.Session()
-    ec2, asg = session.client("ec2"), session.client("autoscaling")
-    vpc = ec2.create_vpc(CidrBlock="10.0.0.0/16")["Vpc"]["VpcId"]
-    subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="10.0.2.0/24")["Subnet"]["SubnetId"]
-    ec2.create_launch_template(LaunchTemplateName="node-lt",
-                               LaunchTemplateData={"ImageId": "ami-12c6146b", "InstanceType": "c5.xlarge"})
-    for name in ("m-asg", "w-asg"):
-        asg.create_auto_scaling_group(AutoScalingGroupName=name, LaunchTemplate={"LaunchTemplateName": "node-lt"},
-                                      MinSize=0, MaxSize=1, DesiredCapacity=1, VPCZoneIdentifier=subnet)
+    node_groups(session, {"m-asg": (0, 1, 1), "w-asg": (0, 1, 1)})
     efs = tmp_path / "efs"
     (efs / "data" / "coco" / "annotations").mkdir(parents=True)
     env_file = tmp_path / "cluster.env"
