@@ -216,13 +216,12 @@ class AppConfig:
 
     @classmethod
     def from_context(cls, context: Mapping[str, Any]) -> "AppConfig":
-        """Builds the config from `values` over the defaults (a key that is absent takes its
+        """Builds the config from `context` over the defaults (a key that is absent takes its
         default: CDK also drops context keys whose value is null)."""
         known = set(cls.keys())
         unknown = sorted(k for k in context if _OWN_KEY.match(k) and k not in known)
         if unknown:
-            raise ConfigError(
-                f"unknown setting {unknown[0]!r}; known settings: {', '.join(sorted(known))}")
+            raise unknown_setting(unknown[0])
         values = {name: parse(name, context[name] if name in context else SETTINGS[name].default)
                   for name, parse in _PARSERS.items()}
         config = cls(**values)
@@ -275,6 +274,10 @@ class AppConfig:
                 "context key 'key_pair_name' is required when ssh_cidr is set: name an existing "
                 "EC2 key pair in the target region, or unset ssh_cidr to connect with SSM Session "
                 "Manager instead")
+
+
+def unknown_setting(key: str) -> ConfigError:
+    return ConfigError(f"unknown setting {key!r}; known settings: {', '.join(sorted(SETTINGS))}")
 
 
 # --- parsers: each takes (key, raw value) and returns the typed value or raises ConfigError ---

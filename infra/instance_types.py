@@ -92,11 +92,27 @@ SAGEMAKER_PRICES: dict[str, float | None] = {
     "ml.t3.medium": 0.05,
 }
 
-def vcpu_quota(instance_type: str) -> tuple[str, str]:
-    """(quota code, quota name) of the on-demand vCPU quota `instance_type` counts against: P and G
-    families have their own; c5 and m5 count as standard."""
-    first = instance_type[0]
-    return VCPU_QUOTAS["P" if first == "p" else "G" if first == "g" else "standard"]
+# Instance families by the On-Demand vCPU quota they count against (the letters before the
+# generation digit: g4dn -> g, gr6 -> gr, im4gn -> im). The quota names list them: "Running
+# On-Demand P instances", "G and VT instances", "Standard (A, C, D, H, I, M, R, T, Z) instances".
+# DL, HPC, Inf, Trn, F, X, High Memory (u-) and Mac families have quotas of their own, and count
+# against none of these three even where their first letter matches.
+QUOTA_FAMILIES = {
+    "P": frozenset({"p"}),
+    "G": frozenset({"g", "gr", "vt"}),
+    "standard": frozenset({"a", "c", "d", "h", "i", "im", "is", "m", "r", "t", "z"}),
+}
+_FAMILY = re.compile(r"^[a-z]+")
+
+
+def vcpu_quota(instance_type: str) -> tuple[str, str] | None:
+    """(quota code, quota name) of the On-Demand vCPU quota `instance_type` counts against, or
+    None for a family with a quota of its own."""
+    family = _FAMILY.match(instance_type)
+    for key, families in QUOTA_FAMILIES.items():
+        if family and family.group() in families:
+            return VCPU_QUOTAS[key]
+    return None
 
 
 EFA_INSTANCE_TYPES = tuple(name for name, info in INSTANCE_TYPES.items() if info.efa)

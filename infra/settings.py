@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from infra.config import _PARSERS, SETTINGS, AppConfig, ConfigError
+from infra.config import _PARSERS, SETTINGS, AppConfig, ConfigError, unknown_setting
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_PATH = REPO_ROOT / "settings.json"
@@ -86,13 +86,9 @@ def resolve(context: Mapping[str, Any], path: Path | None = None) -> Resolved:
     `-c` flags, as the CDK CLI passes them). Raises ConfigError on any bad value."""
     path = path if path is not None else settings_path(context)
     stored = read_file(path)
-    own = {key: value for key, value in context.items() if key in SETTINGS}
-    unknown = sorted(key for key in context if key != FILE_KEY and key not in SETTINGS
-                     and key.isidentifier() and key.islower())
-    if unknown:
-        # Same message as AppConfig's, which sees only the known keys from here on.
-        AppConfig.from_context({unknown[0]: context[unknown[0]]})
-    config = AppConfig.from_context({**stored, **own})
+    given = {key: value for key, value in context.items() if key != FILE_KEY}
+    config = AppConfig.from_context({**stored, **given})   # also refuses unknown settings
+    own = {key: value for key, value in given.items() if key in SETTINGS}
     sources = {key: COMMAND_LINE if key in own else FILE if key in stored else DEFAULT
                for key in SETTINGS}
     overrides = {}
@@ -141,8 +137,7 @@ def set_values(path: Path, assignments: Sequence[str]) -> dict[str, Any]:
         if not sep:
             raise ConfigError(f"{assignment!r} is not key=value; e.g. worker_count=3")
         if key not in SETTINGS:
-            raise ConfigError(f"unknown setting {key!r}; known settings: "
-                              f"{', '.join(sorted(SETTINGS))}")
+            raise unknown_setting(key)
         values[key] = _typed(key, raw)
     write(path, values)
     return values
@@ -152,8 +147,7 @@ def unset_values(path: Path, keys: Sequence[str]) -> dict[str, Any]:
     values = read_file(path)
     for key in keys:
         if key not in SETTINGS:
-            raise ConfigError(f"unknown setting {key!r}; known settings: "
-                              f"{', '.join(sorted(SETTINGS))}")
+            raise unknown_setting(key)
         values.pop(key, None)
     write(path, values)
     return values

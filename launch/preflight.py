@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import re
 import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -31,7 +30,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from infra import outputs
 from infra.config import AppConfig, ConfigError
-from infra.instance_types import ELASTIC_IP_QUOTA, INSTANCE_TYPES, VCPU_QUOTAS, vcpu_quota
+from infra.instance_types import ELASTIC_IP_QUOTA, INSTANCE_TYPES, vcpu_quota
 from infra.settings import DEFAULT_PATH, load_config
 from launch.aws import LaunchError, make_session
 
@@ -43,17 +42,6 @@ IAM_PREFIX = {"ec2": "ec2", "service-quotas": "servicequotas", "resource-groups"
 ACCESS_DENIED = {"AccessDenied", "AccessDeniedException", "UnauthorizedOperation", "UnauthorizedAccess",
                  "ForbiddenException"}
 
-# Instance families by the On-Demand vCPU quota they count against (the letters before the
-# generation digit: g4dn -> g, gr6 -> gr, im4gn -> im). The quota names list them: "Running
-# On-Demand P instances", "G and VT instances", "Standard (A, C, D, H, I, M, R, T, Z) instances".
-# DL, HPC, Inf, Trn, F, X, High Memory (u-) and Mac families have quotas of their own, and count
-# against none of these three even where their first letter matches.
-QUOTA_FAMILIES = {
-    "P": frozenset({"p"}),
-    "G": frozenset({"g", "gr", "vt"}),
-    "standard": frozenset({"a", "c", "d", "h", "i", "im", "is", "m", "r", "t", "z"}),
-}
-_FAMILY = re.compile(r"^[a-z]+")
 
 # Instances that are not On-Demand Instances do not use the On-Demand vCPU quotas: Spot Instances
 # have quotas of their own, and so do Capacity Blocks for ML. A Capacity Block's instances run with
@@ -375,11 +363,8 @@ class Preflight:
 def quota_code(instance_type: str) -> str | None:
     """The code of the On-Demand vCPU quota (P, G and VT, Standard) `instance_type` counts
     against; None for families with quotas of their own."""
-    family = _FAMILY.match(instance_type)
-    for key, families in QUOTA_FAMILIES.items():
-        if family and family.group() in families:
-            return VCPU_QUOTAS[key][0]
-    return None
+    quota = vcpu_quota(instance_type)
+    return quota[0] if quota else None
 
 
 def _guarded(name: str, check: Callable[[], CheckResult]) -> CheckResult:

@@ -281,29 +281,33 @@ class GpuCluster(Construct):
         """A node whose boot fails marks itself unhealthy, so its group replaces it."""
         role.add_to_policy(iam.PolicyStatement(
             sid="ReportOwnBootFailure", actions=["autoscaling:SetInstanceHealth"],
-            # The group's ARN holds a UUID assigned at creation; its name is fixed.
-            resources=[Stack.of(self).format_arn(
-                service="autoscaling", resource="autoScalingGroup",
-                resource_name=f"*:autoScalingGroupName/{group_name}",
-                arn_format=ArnFormat.COLON_RESOURCE_NAME)]))
+            resources=[self._group_arn(group_name)]))
         acknowledge(
-            role, f"AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:autoscaling:<AWS::Region>:"
-                  f"<AWS::AccountId>:autoScalingGroup:*:autoScalingGroupName/{group_name}]",
+            role, self._group_arn_finding(group_name),
             "Only the node's own auto-scaling group, by name: the UUID in a group's ARN is "
             "assigned when the group is created.")
+
+    def _group_arn(self, group_name: str) -> str:
+        """A group's ARN by its fixed name, with a wildcard for the UUID the group gets when it is
+        created (a Ref would make each launch template depend on the group that uses it)."""
+        return Stack.of(self).format_arn(
+            service="autoscaling", resource="autoScalingGroup",
+            resource_name=f"*:autoScalingGroupName/{group_name}",
+            arn_format=ArnFormat.COLON_RESOURCE_NAME)
+
+    @staticmethod
+    def _group_arn_finding(group_name: str) -> str:
+        """cdk-nag's wildcard finding for `_group_arn(group_name)`."""
+        return ("AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:autoscaling:<AWS::Region>:"
+                f"<AWS::AccountId>:autoScalingGroup:*:autoScalingGroupName/{group_name}]")
 
     def _allow_scaling_workers(self, role: iam.Role) -> None:
         """The master scales the worker group: to 0 when idle, back to its MaxSize for a run."""
         role.add_to_policy(iam.PolicyStatement(
             sid="ScaleWorkerGroup", actions=["autoscaling:SetDesiredCapacity"],
-            resources=[Stack.of(self).format_arn(
-                service="autoscaling", resource="autoScalingGroup",
-                resource_name=f"*:autoScalingGroupName/{self.worker_group_name}",
-                arn_format=ArnFormat.COLON_RESOURCE_NAME)]))
+            resources=[self._group_arn(self.worker_group_name)]))
         acknowledge(
-            role, f"AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:autoscaling:<AWS::Region>:"
-                  f"<AWS::AccountId>:autoScalingGroup:*:autoScalingGroupName/"
-                  f"{self.worker_group_name}]",
+            role, self._group_arn_finding(self.worker_group_name),
             "Only the worker group, by name (the UUID in a group's ARN is assigned when the group "
             "is created): the master's idle check scales it to zero and a training run scales it "
             "back to its MaxSize.")
@@ -369,10 +373,7 @@ class GpuCluster(Construct):
         # Same resource as ReportOwnBootFailure (acknowledged there): the group, by name.
         role.add_to_principal_policy(iam.PolicyStatement(
             sid="StopOwnGroupLaunching", actions=["autoscaling:SuspendProcesses"],
-            resources=[stack.format_arn(
-                service="autoscaling", resource="autoScalingGroup",
-                resource_name=f"*:autoScalingGroupName/{group_name}",
-                arn_format=ArnFormat.COLON_RESOURCE_NAME)]))
+            resources=[self._group_arn(group_name)]))
         role.add_to_principal_policy(iam.PolicyStatement(
             sid="AlertBootFailures", actions=["sns:Publish"],
             resources=[self.notification_topic.topic_arn]))

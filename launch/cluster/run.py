@@ -257,35 +257,33 @@ def wait_for_ranks(discover, check, *, wanted: int | None, allow_fewer: bool, wa
             expect = starting(ok) if starting is not None else None
             if expect is None or len(ok) >= expect:
                 return ok
-            deadline = deadline if deadline is not None else clock() + wait_s
-            if clock() + poll_s > deadline:
-                raise LaunchError(f"{len(ok)} of the cluster's {expect} nodes are healthy after waiting "
-                                  f"{wait_s:.0f} s for the nodes that are starting: see the failing checks "
-                                  f"above (a node's boot log is /var/log/maskrcnn-boot.log on it); rerun "
-                                  f"the same command to wait again, or raise --node-wait")
-            print(f"{len(ok)} of the cluster's {expect} nodes are healthy: waiting for the nodes that are "
-                  f"starting (next check in {poll_s:.0f} s, giving up after {wait_s:.0f} s)",
-                  file=sys.stderr, flush=True)
-            sleep(poll_s)
-            continue
-        chosen = nodes_for_ranks(ok, wanted)
-        if chosen is not None:
-            return chosen
-        have = ranks(ok)
-        if allow_fewer and have < wanted:
-            print(f"continuing on {have} of the run's {wanted} ranks (--allow-fewer-ranks): a smaller global batch "
-                  f"and LR; training continues the schedule at the step of the images already seen",
-                  file=sys.stderr, flush=True)
-            return ok
+            give_up = (f"{len(ok)} of the cluster's {expect} nodes are healthy after waiting "
+                       f"{wait_s:.0f} s for the nodes that are starting: see the failing checks "
+                       f"above (a node's boot log is /var/log/maskrcnn-boot.log on it); rerun "
+                       f"the same command to wait again, or raise --node-wait")
+            waiting = (f"{len(ok)} of the cluster's {expect} nodes are healthy: waiting for the nodes that are "
+                       f"starting (next check in {poll_s:.0f} s, giving up after {wait_s:.0f} s)")
+        else:
+            chosen = nodes_for_ranks(ok, wanted)
+            if chosen is not None:
+                return chosen
+            have = ranks(ok)
+            if allow_fewer and have < wanted:
+                print(f"continuing on {have} of the run's {wanted} ranks (--allow-fewer-ranks): a smaller global "
+                      f"batch and LR; training continues the schedule at the step of the images already seen",
+                      file=sys.stderr, flush=True)
+                return ok
+            give_up = (f"the run trained on {wanted} ranks and the cluster has {have} healthy rank(s) after "
+                       f"waiting {wait_s:.0f} s: resuming on another count would change the global batch and "
+                       f"the LR (the schedule continues by images seen). Fix or replace the nodes and rerun "
+                       f"the same command, pass --allow-fewer-ranks to continue anyway, or use a new --run-name")
+            waiting = (f"the run trained on {wanted} ranks, {have} are healthy now: waiting for the cluster to be "
+                       f"whole (next check in {poll_s:.0f} s, giving up after {wait_s:.0f} s; --allow-fewer-ranks "
+                       f"continues without them)")
         deadline = deadline if deadline is not None else clock() + wait_s
         if clock() + poll_s > deadline:
-            raise LaunchError(f"the run trained on {wanted} ranks and the cluster has {have} healthy rank(s) after "
-                              f"waiting {wait_s:.0f} s: resuming on another count would change the global batch and "
-                              f"the LR (the schedule continues by images seen). Fix or replace the nodes and rerun "
-                              f"the same command, pass --allow-fewer-ranks to continue anyway, or use a new --run-name")
-        print(f"the run trained on {wanted} ranks, {have} are healthy now: waiting for the cluster to be whole "
-              f"(next check in {poll_s:.0f} s, giving up after {wait_s:.0f} s; --allow-fewer-ranks continues "
-              f"without them)", file=sys.stderr, flush=True)
+            raise LaunchError(give_up)
+        print(waiting, file=sys.stderr, flush=True)
         sleep(poll_s)
 
 

@@ -3,34 +3,11 @@ this machine (LocalRunner), and a stand-in `mpirun` on PATH that fails once (a n
 then succeeds, to check the hostfile, the command and the resume attempt."""
 import contextlib
 import json
-import os
-import sys
 from pathlib import Path
-
-import boto3
-import pytest
 
 from launch.cluster import health, run
 from launch.cluster.hostfile import ClusterNode
 from launch.cluster.launch_command import format_command
-
-from aws_fakes import node_groups
-
-
-@pytest.fixture
-def cluster(aws_env, tmp_path, monkeypatch):
-    """Two CPU nodes in moto; this machine stands in for each of them."""
-    session = boto3.session.Session()
-    node_groups(session, {"m-asg": (1, 1, 1), "w-asg": (1, 1, 1)})
-    efs = tmp_path / "efs"
-    (efs / "data" / "coco" / "annotations").mkdir(parents=True)
-    env_file = tmp_path / "cluster.env"
-    env_file.write_text(f"AWS_REGION=us-east-1\nMASTER_ASG_NAME=m-asg\nWORKER_ASG_NAME=w-asg\n"
-                        f"EFS_MOUNT={efs}\nSSH_PORT=2222\n")
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    monkeypatch.setenv("PATH", f"{bin_dir}:{Path(sys.executable).parent}:{os.environ['PATH']}")
-    return env_file, efs, bin_dir
 
 
 @contextlib.contextmanager
@@ -45,8 +22,8 @@ def _fake_mpirun(bin_dir: Path, log: Path, fail_times: int):
     script.chmod(0o755)
 
 
-def test_dry_run_prints_the_command_for_healthy_nodes(cluster, capsys):
-    env_file, efs, _ = cluster
+def test_dry_run_prints_the_command_for_healthy_nodes(cpu_cluster, capsys):
+    env_file, efs, _ = cpu_cluster
     assert run.main(["--cluster-env", str(env_file), "--dry-run", "TRAIN.BATCH_SIZE_PER_GPU=4"],
                     runner=health.LocalRunner()) == 0
     out = capsys.readouterr().out
@@ -57,8 +34,8 @@ def test_dry_run_prints_the_command_for_healthy_nodes(cluster, capsys):
     assert not (efs / "logs").exists()  # a dry run writes nothing
 
 
-def test_failed_training_is_resumed_on_the_healthy_nodes(cluster, tmp_path, capsys):
-    env_file, efs, bin_dir = cluster
+def test_failed_training_is_resumed_on_the_healthy_nodes(cpu_cluster, tmp_path, capsys):
+    env_file, efs, bin_dir = cpu_cluster
     log = tmp_path / "mpirun.log"
     _fake_mpirun(bin_dir, log, fail_times=1)
     rc = run.main(["--cluster-env", str(env_file), "--restart-wait", "0", "--run-name", "r1"],
@@ -72,8 +49,8 @@ def test_failed_training_is_resumed_on_the_healthy_nodes(cluster, tmp_path, caps
     assert "resuming from the latest checkpoint" in capsys.readouterr().err
 
 
-def test_gives_up_after_max_restarts_with_the_exit_status(cluster, tmp_path, capsys):
-    env_file, _, bin_dir = cluster
+def test_gives_up_after_max_restarts_with_the_exit_status(cpu_cluster, tmp_path, capsys):
+    env_file, _, bin_dir = cpu_cluster
     _fake_mpirun(bin_dir, tmp_path / "mpirun.log", fail_times=99)
     rc = run.main(["--cluster-env", str(env_file), "--restart-wait", "0", "--max-restarts", "1"],
                   runner=health.LocalRunner())
@@ -81,8 +58,8 @@ def test_gives_up_after_max_restarts_with_the_exit_status(cluster, tmp_path, cap
     assert "after 2 attempt(s); rerun the same command to resume" in capsys.readouterr().err
 
 
-def test_unhealthy_master_stops_before_launch(cluster, monkeypatch, capsys):
-    env_file, _, _ = cluster
+def test_unhealthy_master_stops_before_launch(cpu_cluster, monkeypatch, capsys):
+    env_file, _, _ = cpu_cluster
     monkeypatch.setattr(health, "efs_marker", _marker_nobody_sees)
     assert run.main(["--cluster-env", str(env_file), "--dry-run"], runner=health.LocalRunner()) == 2
     assert "the master node failed its health check" in capsys.readouterr().err
@@ -100,8 +77,8 @@ def test_efa_only_when_every_node_has_it():
     assert format_command(cmd).startswith("mpirun --allow-run-as-root -np 16 --hostfile /efs/logs/x/hostfile")
 
 
-def test_configuration_errors_are_not_retried(cluster, tmp_path, capsys):
-    env_file, _, bin_dir = cluster
+def test_configuration_errors_are_not_retried(cpu_cluster, tmp_path, capsys):
+    env_file, _, bin_dir = cpu_cluster
     log = tmp_path / "mpirun.log"
     (bin_dir / "mpirun").write_text(f"#!/bin/sh\necho \"$*\" >> {log}\nexit 2\n")
     (bin_dir / "mpirun").chmod(0o755)
@@ -110,8 +87,8 @@ def test_configuration_errors_are_not_retried(cluster, tmp_path, capsys):
     assert "restarting would not help" in capsys.readouterr().err
 
 
-def test_missing_dataset_is_named_before_anything_starts(cluster, capsys):
-    env_file, efs, _ = cluster
+def test_missing_dataset_is_named_before_anything_starts(cpu_cluster, capsys):
+    env_file, efs, _ = cpu_cluster
     assert run.main(["--cluster-env", str(env_file), "--data-dir", str(efs / "nope")],
                     runner=health.LocalRunner()) == 2
     assert f"no COCO dataset at {efs / 'nope'}" in capsys.readouterr().err
@@ -124,8 +101,8 @@ def _record_ranks(efs: Path, run_name: str, ranks: int):
     (logdir / "config.json").write_text(json.dumps({"TRAIN": {"NUM_GPUS": ranks, "BATCH_SIZE_PER_GPU": 2}}))
 
 
-def test_resume_on_fewer_ranks_waits_then_names_the_flag(cluster, tmp_path, capsys):
-    env_file, efs, bin_dir = cluster
+def test_resume_on_fewer_ranks_waits_then_names_the_flag(cpu_cluster, tmp_path, capsys):
+    env_file, efs, bin_dir = cpu_cluster
     _record_ranks(efs, "r3", 3)  # the run trained on 3 ranks; the cluster has 2 nodes now
     _fake_mpirun(bin_dir, tmp_path / "mpirun.log", fail_times=0)
     rc = run.main(["--cluster-env", str(env_file), "--run-name", "r3", "--restart-wait", "0.1", "--node-wait", "0.3"],
@@ -137,8 +114,8 @@ def test_resume_on_fewer_ranks_waits_then_names_the_flag(cluster, tmp_path, caps
     assert "pass --allow-fewer-ranks to continue anyway" in err
 
 
-def test_allow_fewer_ranks_continues_and_says_what_changes(cluster, tmp_path, capsys):
-    env_file, efs, bin_dir = cluster
+def test_allow_fewer_ranks_continues_and_says_what_changes(cpu_cluster, tmp_path, capsys):
+    env_file, efs, bin_dir = cpu_cluster
     _record_ranks(efs, "r3", 3)
     _fake_mpirun(bin_dir, tmp_path / "mpirun.log", fail_times=0)
     assert run.main(["--cluster-env", str(env_file), "--run-name", "r3", "--allow-fewer-ranks"],
@@ -147,8 +124,8 @@ def test_allow_fewer_ranks_continues_and_says_what_changes(cluster, tmp_path, ca
     assert " -np 2 " in (tmp_path / "mpirun.log").read_text()
 
 
-def test_resume_keeps_the_recorded_rank_count_on_a_bigger_cluster(cluster, tmp_path, capsys):
-    env_file, efs, bin_dir = cluster
+def test_resume_keeps_the_recorded_rank_count_on_a_bigger_cluster(cpu_cluster, tmp_path, capsys):
+    env_file, efs, bin_dir = cpu_cluster
     _record_ranks(efs, "r1", 1)  # trained on the master alone; a worker has joined since
     _fake_mpirun(bin_dir, tmp_path / "mpirun.log", fail_times=0)
     assert run.main(["--cluster-env", str(env_file), "--run-name", "r1"], runner=health.LocalRunner()) == 0
@@ -213,8 +190,8 @@ def test_data_is_read_from_fsx_first_then_nvme_then_efs(tmp_path):
     assert run.choose_data(env, data_dir=str(nvme / "mine"), stage_to_nvme=True).stage_from is None
 
 
-def test_dataset_is_copied_to_each_nodes_nvme_once_and_read_there(cluster, tmp_path, capsys):
-    env_file, efs, bin_dir = cluster
+def test_dataset_is_copied_to_each_nodes_nvme_once_and_read_there(cpu_cluster, tmp_path, capsys):
+    env_file, efs, bin_dir = cpu_cluster
     coco = _coco(efs / "data" / "coco")
     nvme = tmp_path / "nvme"
     env_file.write_text(env_file.read_text() + f"LOCAL_NVME={nvme}\n")
@@ -255,8 +232,8 @@ def test_dataset_is_copied_to_each_nodes_nvme_once_and_read_there(cluster, tmp_p
     assert log.read_text().endswith(f"--config DATA.BASEDIR={coco}\n")
 
 
-def test_a_failed_copy_names_the_node_and_starts_nothing(cluster, tmp_path, capsys):
-    env_file, efs, bin_dir = cluster
+def test_a_failed_copy_names_the_node_and_starts_nothing(cpu_cluster, tmp_path, capsys):
+    env_file, efs, bin_dir = cpu_cluster
     _coco(efs / "data" / "coco")
     nvme = tmp_path / "nvme"
     nvme.write_text("not a directory")            # the copy cannot create its target

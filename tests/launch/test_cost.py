@@ -5,7 +5,6 @@ AWS's DescribeTrainingJob reference: "Multiply BillableTimeInSeconds by the numb
 figure is worked out by hand below from the prices infra/instance_types.py records (written out
 here: c5.xlarge $0.17/h, p4d.24xlarge $21.96/h, ml.g5.12xlarge $7.09/h)."""
 import json
-import os
 import sys
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -18,7 +17,6 @@ from launch.cluster import health, idle, run
 from launch.cluster.hostfile import ClusterNode
 from launch.sagemaker import launcher
 
-from aws_fakes import node_groups
 
 
 def test_cluster_cost_is_nodes_times_hours_times_price():
@@ -88,21 +86,12 @@ def test_describe_of_a_finished_job_states_its_cost(sagemaker_env, capsys):
     json.dumps(described, default=str)   # describe prints it as JSON
 
 
-def test_the_cluster_run_ends_with_its_cost(aws_env, tmp_path, monkeypatch, capsys):
+def test_the_cluster_run_ends_with_its_cost(cpu_cluster, tmp_path, monkeypatch, capsys):
     """A finished run on 2 CPU nodes (this machine stands in for both) that took 1.5 hours by the
     clock given to it: 2 x 1.5 h x $0.17/h = $0.51."""
-    session = boto3.session.Session()
-    node_groups(session, {"m-asg": (0, 1, 1), "w-asg": (0, 1, 1)})
-    efs = tmp_path / "efs"
-    (efs / "data" / "coco" / "annotations").mkdir(parents=True)
-    env_file = tmp_path / "cluster.env"
-    env_file.write_text(f"AWS_REGION=us-east-1\nMASTER_ASG_NAME=m-asg\nWORKER_ASG_NAME=w-asg\n"
-                        f"EFS_MOUNT={efs}\nSSH_PORT=2222\nSTACK_NAME=c\n")
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
+    env_file, _, bin_dir = cpu_cluster
     (bin_dir / "mpirun").write_text("#!/bin/sh\nexit 0\n")
     (bin_dir / "mpirun").chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bin_dir}:{Path(sys.executable).parent}:{os.environ['PATH']}")
     monkeypatch.setattr(idle, "RUN_LOCK", str(tmp_path / "training.lock"))
     times = iter([0.0, 5400.0])          # the run's start, then its end
     assert run.main(["--cluster-env", str(env_file)], runner=health.LocalRunner(),
