@@ -36,81 +36,24 @@ import sys
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
 import boto3
 
-from infra.outputs import LUSTRE_COCO_DIR
 from launch import cost
 from launch.aws import LaunchError
 from launch.cluster import capacity, health, idle
 from launch.cluster.hostfile import CLUSTER_ENV, ClusterNode, cluster_key, discover_nodes, read_cluster_env
 from launch.cluster.launch_command import format_command, hostfile_text, mpirun_command, train_command
 from launch.code_version import code_version
-
-# A node copies the dataset to its NVMe with this script (run through the health checks' runner:
-# SSH into the node's container, which has EFS and LOCAL_NVME mounted). Files land in
-# DEST.partial (cp -u -p: an interrupted copy resumes where it stopped), which becomes DEST only
-# when complete; DEST/.maskrcnn-staged then holds the digest of the source's listing (paths and
-# sizes), so a later run skips a node whose copy is complete and current.
-STAGE_SCRIPT = r"""
-set -euo pipefail
-src=$1 dest=$2 jobs=$3
-marker=.maskrcnn-staged
-listing() { (cd "$1" && find . -type f ! -name "$marker" -printf '%P %s\n' | LC_ALL=C sort | sha256sum | cut -d' ' -f1); }
-want=$(listing "$src")
-if [[ -f "$dest/$marker" && "$(cat "$dest/$marker")" == "$want" ]]; then
-  echo "already staged"; exit 0
-fi
-rm -rf "$dest.old"
-mkdir -p "$dest.partial"
-cd "$src"
-find . -mindepth 1 -type d -printf '%P\0' | (cd "$dest.partial" && xargs -0 -r mkdir -p)
-find . -type f ! -name "$marker" -printf '%P\0' \
-  | xargs -0 -r -n 64 -P "$jobs" cp -u -p --parents -t "$dest.partial"
-[[ "$(listing "$dest.partial")" == "$want" ]] || { echo "the copy does not match $src" >&2; exit 1; }
-echo "$want" > "$dest.partial/$marker"
-if [[ -e "$dest" ]]; then mv "$dest" "$dest.old"; fi
-mv "$dest.partial" "$dest"
-rm -rf "$dest.old"
-echo "staged"
-"""
-STAGE_JOBS = 16           # parallel copies per node: EFS serves many small files best in parallel
-STAGE_TIMEOUT_S = 4 * 3600
-
-
-@dataclass(frozen=True)
-class DataPlan:
-    """Where training reads the dataset (``train_dir``, on every node) and, when it is a local
-    copy, the EFS directory it is copied from (``stage_from``)."""
-    train_dir: str
-    stage_from: str | None = None
-
-
-def choose_data(env: dict[str, str], *, data_dir: str | None, stage_to_nvme: bool) -> DataPlan:
-    """The data directory: --data-dir, else /fsx's copy when present, else EFS's, copied to the
-    node's NVMe when it has one (LOCAL_NVME) and ``stage_to_nvme``."""
-    efs = env.get("EFS_MOUNT", "/efs")
-    fsx = env.get("FSX_MOUNT")
-    source = data_dir
-    if source is None and fsx and Path(fsx, LUSTRE_COCO_DIR, "annotations").is_dir():
-        source = str(Path(fsx, LUSTRE_COCO_DIR))
-    source = source or f"{efs}/data/coco"
-    on_lustre = bool(fsx) and Path(source).is_relative_to(fsx)
-    nvme = env.get("LOCAL_NVME")
-    if on_lustre or not nvme or not stage_to_nvme or Path(source).is_relative_to(nvme):
-        return DataPlan(train_dir=source)
-    return DataPlan(train_dir=str(Path(nvme, "maskrcnn-data", Path(source).relative_to("/"))),
-                    stage_from=source)
-
+from launch.cluster.stage import STAGE_JOBS, STAGE_TIMEOUT_S, DataPlan, choose_data, stage_argv
 
 def stage_data(nodes: list[ClusterNode], runner: health.CommandRunner, plan: DataPlan, *,
                jobs: int = STAGE_JOBS, timeout: float = STAGE_TIMEOUT_S) -> None:
     """Copies ``plan.stage_from`` to ``plan.train_dir`` on every node at once; raises LaunchError
     naming the nodes that failed."""
-    argv = ["bash", "-c", STAGE_SCRIPT, "stage", plan.stage_from, plan.train_dir, str(jobs)]
+    argv = stage_argv(plan, jobs=jobs)
     print(f"copying {plan.stage_from} to {plan.train_dir} on {len(nodes)} node(s) "
           f"(skipped where complete)", flush=True)
     with ThreadPoolExecutor(max_workers=len(nodes)) as pool:
