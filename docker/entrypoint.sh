@@ -1,8 +1,10 @@
 #!/bin/bash
 # Entry point of the training image. Commands:
 #   train                SageMaker training job (SageMaker runs `docker run IMAGE train`)
-#   cluster-node         EC2 cluster node: sshd on $SSH_PORT with the cluster key, for mpirun
-#   cluster-train ARGS   on the master: health-check nodes, start training over the healthy ones
+#   cluster-node         EC2 cluster node: the Slurm daemons (munged, slurmd; slurmctld on the
+#                        master) and sshd on $SSH_PORT with the cluster key
+#   job ARGS             on the master: training runs as Slurm jobs (submit, status, logs, stop, list)
+#   cluster-train ARGS   on the master: health-check nodes over SSH, start training over the healthy ones
 #   cluster-health       on the master: the per-node health table
 #   hostfile             on the master: print the hostfile of the InService nodes
 #   anything else        run as a command (e.g. bash)
@@ -42,17 +44,22 @@ cluster_node() {
   # container's PATH, library path and training settings.
   env | grep -E '^(PATH|LD_LIBRARY_PATH|PYTHONPATH|TF_[A-Z_]+|NCCL_[A-Z_]+|CUDA_[A-Z_]+|NVIDIA_[A-Z_]+|AWS_REGION|AWS_DEFAULT_REGION)=' \
     > /etc/environment || true
-  exec /usr/sbin/sshd -D -e -o ListenAddress="$address:$port" \
+  /usr/sbin/sshd -D -e -o ListenAddress="$address:$port" \
     -o AuthorizedKeysFile="$key_dir/authorized_keys" \
     -o PasswordAuthentication=no -o KbdInteractiveAuthentication=no \
-    -o PermitRootLogin=prohibit-password -o AllowTcpForwarding=no -o X11Forwarding=no
+    -o PermitRootLogin=prohibit-password -o AllowTcpForwarding=no -o X11Forwarding=no &
+  # The Slurm daemons in the foreground: when one exits, the container exits and Docker restarts it.
+  exec python -m launch.cluster.slurm node --cluster-env "$CLUSTER_DIR/cluster.env"
 }
 
 command=${1:-train}
 [[ $# -gt 0 ]] && shift
 case "$command" in
+  # exec: the entry becomes PID 1 and receives SageMaker's SIGTERM itself (it has a handler, which
+  # PID 1 needs, and passes the signal on to the training ranks: launch/rank_signals.py)
   train)          exec python -m launch.sagemaker.entry "$@" ;;
   cluster-node)   cluster_node ;;
+  job)            exec python -m launch.cluster.jobs --cluster-env "$CLUSTER_DIR/cluster.env" "$@" ;;
   cluster-train)  exec python -m launch.cluster.run "$@" ;;
   cluster-health) exec python -m launch.cluster.health "$@" ;;
   hostfile)       exec python -m launch.cluster.hostfile "$@" ;;

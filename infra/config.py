@@ -54,11 +54,17 @@ LUSTRE_STORAGE_GIB_MIN = 1200
 LUSTRE_STORAGE_GIB_MAX = 100800
 # Idle times: 0 turns the stop off; a day is the longest wait that still saves anything.
 IDLE_MINUTES = (0, 1440)
+# The stall alarm evaluates one data point a minute; CloudWatch caps an alarm's evaluation range at
+# one day. Below 5 minutes a checkpoint save alone would set it off.
+STALL_ALARM_MINUTES = (5, 1440)
 MONTHLY_BUDGET_USD = (1, 10_000_000)
 BOOT_FAILURE_LIMIT = (1, 100)
 # The retention periods CloudWatch Logs accepts (PutRetentionPolicy), in days.
 LOG_RETENTION_DAYS = (1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1096, 1827,
                       2192, 2557, 2922, 3288, 3653)
+# A Spot maximum price must be above USD 0.001 (EC2 refuses the launch otherwise).
+SPOT_MAX_PRICE_FLOOR_USD = 0.001
+_USD = re.compile(r"^\d+(?:\.\d+)?$")
 
 
 @dataclass(frozen=True)
@@ -146,6 +152,18 @@ SETTINGS: dict[str, Setting] = {
     "log_retention_days": Setting(30, (
         "Days CloudWatch Logs keeps the nodes' boot and training logs (one of CloudWatch's "
         "retention periods).")),
+    "worker_spot": Setting(False, (
+        "true: the workers are Spot Instances (the master stays On-Demand). EC2 can reclaim one "
+        "with two minutes' notice: each node's interruption watcher drains it, requeues its "
+        "training job (which checkpoints) and tells the alerts topic; the worker group launches "
+        "a replacement. Not with capacity_reservation.")),
+    "spot_max_price": Setting(None, (
+        "Highest hourly price in USD for a Spot worker, e.g. 12.5 (with worker_spot only). AWS "
+        "advises against it: a Spot price above it interrupts the worker. null: pay the current"
+        " Spot price, never more than the On-Demand price.")),
+    "stall_alarm_minutes": Setting(30, (
+        "The cluster's stalled-run alarm fires when a started run writes no heartbeat for this "
+        "many minutes (5 to 1440); longer than the run's longest evaluation or checkpoint save.")),
 }
 
 
@@ -175,6 +193,9 @@ class AppConfig:
     monthly_budget_usd: int | None = None
     boot_failure_limit: int = 10
     log_retention_days: int = 30
+    worker_spot: bool = False
+    spot_max_price: str | None = None
+    stall_alarm_minutes: int = 30
 
     @property
     def cluster_zone_index(self) -> int:
@@ -262,6 +283,7 @@ class AppConfig:
                 "context key 'capacity_block' is true but capacity_reservation is not a Capacity "
                 "Block's reservation id (cr-...): set capacity_reservation to the id of the "
                 "Capacity Block you bought, or set capacity_block=false")
+        self._check_spot()
         if self.ssh_cidr and not self.master_is_public:
             raise ConfigError(
                 f"context key 'ssh_cidr' is set, but with efa=true each {self.instance_type} "
@@ -274,6 +296,24 @@ class AppConfig:
                 "context key 'key_pair_name' is required when ssh_cidr is set: name an existing "
                 "EC2 key pair in the target region, or unset ssh_cidr to connect with SSM Session "
                 "Manager instead")
+
+    def _check_spot(self) -> None:
+        if self.spot_max_price is not None and not self.worker_spot:
+            raise ConfigError(
+                "context key 'spot_max_price' is set but worker_spot is false: set worker_spot="
+                "true for Spot workers, or unset spot_max_price")
+        if self.worker_spot and self.capacity_reservation:
+            # A launch has one market: a Capacity Block's is capacity-block, and an On-Demand
+            # Capacity Reservation holds On-Demand instances only; both groups use the reservation.
+            kind = ("a Capacity Block" if self.capacity_block else
+                    "a Capacity Reservation resource group"
+                    if self.capacity_reservation.startswith("arn:")
+                    else "an On-Demand Capacity Reservation")
+            raise ConfigError(
+                f"context key 'worker_spot' is true but capacity_reservation is set ({kind}, "
+                f"{self.capacity_reservation}): a Spot Instance cannot launch into a capacity "
+                "reservation or Capacity Block. Set worker_spot=false to run the workers in the "
+                "reservation, or unset capacity_reservation (and capacity_block) for Spot workers")
 
 
 def unknown_setting(key: str) -> ConfigError:
@@ -402,6 +442,18 @@ def _log_retention(key: str, raw: Any) -> int:
     return value
 
 
+def _spot_price(key: str, raw: Any) -> str | None:
+    """A USD amount as the launch template's MaxPrice string; EC2 refuses one of $0.001 or less."""
+    if _is_unset(raw):
+        return None
+    text = repr(raw) if isinstance(raw, bool) else str(raw).strip()
+    if not _USD.match(text) or float(text) <= SPOT_MAX_PRICE_FLOOR_USD:
+        raise ConfigError(
+            f"context key {key!r} is {raw!r}; expected an hourly price in USD above "
+            f"{SPOT_MAX_PRICE_FLOOR_USD} such as 12.5, or unset to pay the current Spot price")
+    return text
+
+
 _PARSERS: dict[str, Callable[[str, Any], Any]] = {
     "instance_type": _choice(tuple(INSTANCE_TYPES)),
     "worker_count": _int_in(WORKER_COUNT),
@@ -441,6 +493,9 @@ _PARSERS: dict[str, Callable[[str, Any], Any]] = {
     "monthly_budget_usd": _optional_int_in(MONTHLY_BUDGET_USD),
     "boot_failure_limit": _int_in(BOOT_FAILURE_LIMIT),
     "log_retention_days": _log_retention,
+    "worker_spot": _bool,
+    "spot_max_price": _spot_price,
+    "stall_alarm_minutes": _int_in(STALL_ALARM_MINUTES),
 }
 assert tuple(_PARSERS) == AppConfig.keys() == tuple(SETTINGS), \
     "every AppConfig field needs a parser and a SETTINGS entry, in order"

@@ -12,7 +12,7 @@ creates anything, then runs these steps, and ALWAYS tears down what it deployed:
             deployment's bucket
   stage     S3 -> EFS on the master (SSM Run Command: ``launch.staging to-efs`` in its container)
   train     a 2-instance SageMaker job (launcher, ml.m5.xlarge) and a 2-node cluster job
-            (``maskrcnn-train`` on the master over SSM), both with the cpu_synthetic preset, at once
+            (``maskrcnn-job submit --wait`` on the master over SSM: a Slurm job), both with the cpu_synthetic preset, at once
   results   both runs' final COCO tables from EFS; bbox and segm mAP@0.5 must reach the CPU demo's
             target, and SageMaker's scraped metrics must agree with the table
   teardown  stop what still runs, ``cdk destroy`` of the three stacks; the retained EFS file system
@@ -51,7 +51,7 @@ PRESET = "cpu_synthetic"
 CDK_BOOTSTRAP_PARAMETER = "/cdk-bootstrap/hnb659fds/version"
 EFS_MOUNT = "/efs"                  # on the cluster nodes (infra/userdata/cluster_node.sh)
 CONTAINER = "maskrcnn"              # the training container on every node
-TRAIN_COMMAND = "/usr/local/bin/maskrcnn-train"
+JOB_COMMAND = "/usr/local/bin/maskrcnn-job"
 
 # A runner executes one command line (argv, environment) and returns its exit status: the one
 # boundary to the CDK CLI and Docker, replaceable by tests.
@@ -403,8 +403,8 @@ class Smoke:
 
     def cluster_script(self) -> str:
         log = f"{EFS_MOUNT}/logs/smoke/{self.cluster_run}.log"
-        train = [TRAIN_COMMAND, "--run-name", self.cluster_run, "--data-dir", self.efs_data_dir,
-                 "--max-restarts", "0", *_preset().OVERRIDES]
+        train = [JOB_COMMAND, "submit", "--wait", "--run-name", self.cluster_run, "--data-dir",
+                 self.efs_data_dir, "--max-attempts", "1", *_preset().OVERRIDES]
         # The whole log stays on EFS; SSM keeps only the first 24,000 characters of the output.
         return (f"{shlex.join(train)} > {log} 2>&1\nrc=$?\ntail -n 30 {log}\n"
                 f"echo \"full log: {log} on the master\"\nexit $rc\n")

@@ -5,14 +5,17 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # System packages: Open MPI (mpirun, and the headers Horovod's MPI build and mpi4py need), OpenSSH
-# and iproute2 (the multi-host tests emulate hosts with namespaces, sshd and mpirun; tests/emulated_hosts.py).
-DEB_PACKAGES=(iproute2 openssh-server openssh-client openmpi-bin libopenmpi-dev)
-if ! { command -v ip && command -v ssh && [ -x /usr/sbin/sshd ] && command -v mpirun && command -v mpicc; } >/dev/null; then
+# and iproute2 (the multi-host tests emulate hosts with namespaces, sshd and mpirun; tests/emulated_hosts.py),
+# Slurm and munge (the cluster's workload manager, run for real in the emulated hosts).
+DEB_PACKAGES=(iproute2 openssh-server openssh-client openmpi-bin libopenmpi-dev
+              slurmctld slurmd slurm-client munge)
+if ! { command -v ip && command -v ssh && [ -x /usr/sbin/sshd ] && command -v mpirun && command -v mpicc \
+       && [ -x /usr/sbin/slurmctld ] && [ -x /usr/sbin/slurmd ] && command -v sbatch && [ -x /usr/sbin/munged ]; } >/dev/null; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${DEB_PACKAGES[@]}" >/dev/null
   else
-    echo "install.sh: needs Open MPI, OpenSSH and iproute2; on Debian/Ubuntu: sudo apt-get install ${DEB_PACKAGES[*]}" >&2
+    echo "install.sh: needs Open MPI, OpenSSH, iproute2, Slurm and munge; on Debian/Ubuntu: sudo apt-get install ${DEB_PACKAGES[*]}" >&2
     exit 1
   fi
 fi

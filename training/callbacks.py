@@ -1,9 +1,12 @@
-"""Training callbacks: progress lines, SageMaker metric lines, COCO evaluation, checkpoints, resume.
+"""Training callbacks: progress lines, SageMaker metric lines, COCO evaluation, checkpoints, resume,
+the heartbeat and stopping on request.
 
 Checkpoints are TensorFlow Saver checkpoints in the log dir (tensorpack's ModelSaver): the data
 and index files are written first and the ``checkpoint`` state file, which names the latest
 checkpoint, is replaced atomically (temp file + rename) afterwards, so a crash mid-save leaves
-the previous checkpoint as the latest. ``resume_step`` finds where to continue.
+the previous checkpoint as the latest. ``resume_step`` finds where to continue. Every checkpoint
+of a run (per epoch, per TRAIN.CHECKPOINT_MINUTES, at a stop) goes through one Saver
+(:class:`Checkpoints`): one list of the newest ``max_to_keep`` and one state file naming them.
 """
 from __future__ import annotations
 
@@ -13,11 +16,14 @@ import os
 import time
 
 import numpy as np
-from tensorpack.callbacks import Callback
+from tensorpack.callbacks import Callback, ModelSaver, ProxyCallback
+from tensorpack.train.base import StopTraining
 
-from training import evaluation
+from training import evaluation, stopping
 from training.compat import tf, tf1
 from training.metrics import TRAINING_METRICS, format_metric
+from training.run_status import HEARTBEAT_FILE, HEARTBEAT_SECONDS, epoch_of, read_heartbeat  # noqa: F401
+from training.run_status import write_heartbeat, write_stop_record
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +73,185 @@ def resume_step(logdir: str) -> tuple[str | None, int]:
     """``(checkpoint path, global step)`` to continue from, or ``(None, 0)`` for a fresh run."""
     path = latest_checkpoint(logdir)
     return (path, checkpoint_step(path)) if path else (None, 0)
+
+
+# ------------------------------------------------------------------------------------------ checkpoints
+class Interval:
+    """Whether ``seconds`` have passed since the last ``reset()`` on ``clock`` (monotonic; a test
+    passes its own). ``seconds`` <= 0: never due."""
+
+    def __init__(self, seconds: float, *, clock=time.monotonic):
+        self.seconds = seconds
+        self._clock = clock
+        self._last = clock()
+
+    def due(self) -> bool:
+        return self.seconds > 0 and self._clock() - self._last >= self.seconds
+
+    def reset(self) -> None:
+        self._last = self._clock()
+
+
+class Checkpoints(ProxyCallback):
+    """Rank 0's checkpoints, all through one tensorpack ModelSaver, so one tf.train.Saver: one
+    ``checkpoint`` state file names them, and it keeps the newest ``max_to_keep`` plus, of the older
+    ones, one per half hour of the run for good (ModelSaver's keep_checkpoint_every_n_hours=0.5).
+    Checkpoints are written
+
+    - at the end of every ``every_epochs``-th epoch and of the last epoch;
+    - after the step at which ``minutes`` have passed since the last checkpoint of this run (or
+      since training started), 0 = never: a COCO epoch on 16 GPUs takes hours;
+    - on request, :meth:`save` (the stop).
+
+    A step is saved once: a timed checkpoint at an epoch's last step is that epoch's checkpoint.
+    """
+
+    def __init__(self, logdir: str, *, every_epochs: int, last_epoch: int, minutes: float, max_to_keep: int = 3,
+                 clock=time.monotonic):
+        super().__init__(ModelSaver(max_to_keep=max_to_keep, checkpoint_dir=logdir))
+        self._logdir = logdir
+        self._every_epochs = every_epochs
+        self._last_epoch = last_epoch
+        self._minutes = minutes
+        self._timer = Interval(minutes * 60, clock=clock)
+        self._saved_step: int | None = None
+        self._saved_path: str | None = None
+
+    def _before_train(self):
+        self.cb.before_train()
+        # A new Saver's list of checkpoints to keep starts empty: take over the state file's, or
+        # every resumed run would leave its predecessor's checkpoints on disk, unlisted, for good.
+        state = tf1.train.get_checkpoint_state(self._logdir)
+        if state is not None:
+            self.cb.saver.recover_last_checkpoints(list(state.all_model_checkpoint_paths))
+        self._saved_step = self.global_step   # a resumed run's checkpoint holds this step already
+        self._saved_path = latest_checkpoint(self._logdir)
+        self._timer.reset()
+
+    def _trigger_step(self):
+        self.cb.trigger_step()
+        if self._timer.due():
+            _print(f"checkpoint at step {self.global_step}: {self._minutes:g} minutes since the last")
+            self.save()
+
+    def _trigger_epoch(self):
+        if self.epoch_num % self._every_epochs == 0 or self.epoch_num == self._last_epoch:
+            self.save()
+
+    def _trigger(self):
+        self.save()
+
+    def save(self) -> str | None:
+        """Checkpoint the current global step (once); its path, or None when the save failed
+        (ModelSaver logs the error and training goes on; the previous checkpoint stays the latest)."""
+        step = self.global_step
+        if step != self._saved_step:
+            self.cb.trigger()
+            self._timer.reset()
+            path = latest_checkpoint(self._logdir)
+            if path is None or os.path.basename(path) != f"model-{step}":
+                return None
+            self._saved_step, self._saved_path = step, path
+        return self._saved_path
+
+
+class ResumeMidEpoch(Callback):
+    """A run resumed at a step inside an epoch (a timed or stop checkpoint, or a resume on another
+    global batch) first trains only the rest of that epoch, so its epoch ends, checkpoints,
+    evaluations and last step fall where the uninterrupted run's do. tensorpack's loop runs
+    ``loop.steps_per_epoch`` steps per epoch and reads that count after ``before_epoch``; every rank
+    sets it (the ranks must run the same steps)."""
+
+    chief_only = False
+
+    def __init__(self, *, start_step: int, steps_per_epoch: int):
+        self._start = start_step
+        self._spe = steps_per_epoch
+
+    def _before_epoch(self):
+        first = self.epoch_num == self._start // self._spe + 1
+        self.trainer.loop.steps_per_epoch = self._spe - self._start % self._spe if first else self._spe
+
+
+# ------------------------------------------------------------------------------------------ heartbeat, stop
+class Heartbeat(Callback):
+    """Rank 0 writes ``<logdir>/heartbeat.json`` (training.run_status) when training starts, after a
+    step when ``seconds`` have passed since the last write, and at every epoch end: a watchdog that
+    sees the step stop advancing can stop the run."""
+
+    def __init__(self, logdir: str, *, steps_per_epoch: int, seconds: float = HEARTBEAT_SECONDS,
+                 clock=time.monotonic):
+        self._logdir = logdir
+        self._spe = steps_per_epoch
+        self._interval = Interval(seconds, clock=clock)
+
+    def _beat(self):
+        step = int(self.global_step)
+        write_heartbeat(self._logdir, step=step, epoch=epoch_of(step, self._spe))
+        self._interval.reset()
+
+    def _before_train(self):
+        self._beat()
+
+    def _trigger_step(self):
+        if self._interval.due():
+            self._beat()
+
+    def _trigger_epoch(self):
+        self._beat()
+
+
+class StopOnRequest(Callback):
+    """Stops every rank after the same step once any rank was asked to stop (training.stopping),
+    after rank 0 saved that step's checkpoint and wrote ``stopped.json``.
+
+    Each step's run also sums every rank's "asked to stop" flag (a Horovod allreduce of one int32
+    on the CPU, negotiated with the step's gradient allreduces), so every rank learns of a request
+    after the same step and none is left waiting in a collective. Register it last: the other
+    callbacks finish their work on that step first. ``stopped`` is then the step; the trainer's
+    loop ends through tensorpack's StopTraining, which runs every callback's ``after_train``.
+    """
+
+    chief_only = False
+
+    def __init__(self, *, checkpoints: Checkpoints, logdir: str, rank: int, steps_per_epoch: int):
+        self._checkpoints = checkpoints
+        self._logdir = logdir
+        self._rank = rank
+        self._spe = steps_per_epoch
+        self._announced = False
+        self._stop = False
+        self.stopped: int | None = None
+        self.record: dict | None = None
+
+    def _setup_graph(self):
+        import horovod.tensorflow as hvd
+        with tf.device("/cpu:0"):
+            self._mine = tf1.placeholder_with_default(tf.constant(0, tf.int32), shape=[], name="stop_requested")
+            self._anyone = hvd.allreduce(self._mine, op=hvd.Sum, name="stop_requests")
+
+    def _before_run(self, _):
+        mine = stopping.requested()
+        if mine and not self._announced:
+            self._announced = True
+            _print(f"[rank {self._rank}] {stopping.signal_name()} received: stopping after this step, with a "
+                   f"checkpoint")
+        return tf1.train.SessionRunArgs(fetches=self._anyone, feed_dict={self._mine: int(mine)})
+
+    def _after_run(self, _, run_values):
+        self._stop = int(run_values.results) > 0
+
+    def _trigger_step(self):
+        if not self._stop:
+            return
+        step = int(self.global_step)
+        self.stopped = step
+        if self._rank == 0:
+            path = self._checkpoints.save()
+            self.record = write_stop_record(self._logdir, signal=stopping.signal_name(), step=step,
+                                            epoch=epoch_of(step, self._spe),
+                                            checkpoint=os.path.basename(path) if path else None)
+        raise StopTraining(f"a stop was requested ({stopping.signal_name()}); stopped after step {step}")
 
 
 # ------------------------------------------------------------------------------------------ progress

@@ -192,6 +192,7 @@ _C.TRAIN.LR_SCHEDULE = "2x"
 _C.TRAIN.LR_EPOCH_SCHEDULE = []  # [(epoch, lr_multiplier), ..., (last_epoch, None)]; overrides LR_SCHEDULE
 _C.TRAIN.EVAL_PERIOD = 1      # epochs between COCO evaluations (0 = only at the end)
 _C.TRAIN.CHECKPOINT_PERIOD = 1  # epochs between checkpoints
+_C.TRAIN.CHECKPOINT_MINUTES = 30  # also a checkpoint once this many minutes passed since the last one (0 = off)
 _C.TRAIN.GRADIENT_CLIP = 0.0  # global-norm clip; 0 = off (use ~1.5 for large global batches)
 _C.TRAIN.LOAD_MODEL = ""      # checkpoint or .npz to start from (resume from LOGDIR wins)
 _C.TRAIN.MIXED_PRECISION = False  # GPU only: float16 compute through the grappler AMP rewrite + loss scaling
@@ -481,6 +482,10 @@ def _finalize(cfg: AttrDict, *, num_ranks: int, class_names, has_gpu) -> None:
         _require(_is_int(cfg.get(key)) and cfg.get(key) >= 0, f"{key} must be an integer >= 0, got {cfg.get(key)!r}")
     for key in ("TRAIN.CHECKPOINT_PERIOD", "TRAIN.LOG_PERIOD"):
         _require(_is_int(cfg.get(key)) and cfg.get(key) >= 1, f"{key} must be an integer >= 1, got {cfg.get(key)!r}")
+    minutes = cfg.TRAIN.CHECKPOINT_MINUTES
+    _require(isinstance(minutes, (int, float)) and not isinstance(minutes, bool) and minutes >= 0,
+             f"TRAIN.CHECKPOINT_MINUTES must be a number of minutes >= 0 (0 = only the per-epoch checkpoints), "
+             f"got {minutes!r}")
     _require(isinstance(cfg.TRAIN.GRADIENT_CLIP, (int, float)) and cfg.TRAIN.GRADIENT_CLIP >= 0,
              f"TRAIN.GRADIENT_CLIP must be >= 0 (0 = off), got {cfg.TRAIN.GRADIENT_CLIP!r}")
 

@@ -1,10 +1,18 @@
-"""The training metrics SageMaker scrapes from the log: names, regexes and the log-line format.
+"""The training metrics: their names, the regexes SageMaker scrapes from the log, the log-line format,
+and the names, namespaces and dimensions they have in CloudWatch.
 
 One source of truth: the trainer prints every metric with :func:`format_metric`, and the SageMaker
-launcher passes :data:`METRIC_DEFINITIONS` to the training job unchanged. The 22 names and their
-regexes are the ``metric_definitions`` of AWS's SageMaker example notebook "Distributed Training of
-Mask-RCNN in Amazon SageMaker using EFS" (``.*<escaped name>:\\s*(\\S+).*``);
-``tests/training/test_metrics.py`` checks them against that example's literal strings.
+launcher passes :data:`METRIC_DEFINITIONS` to the training job unchanged. The first 22 names and
+their regexes are the ``metric_definitions`` of AWS's SageMaker example notebook "Distributed Training
+of Mask-RCNN in Amazon SageMaker using EFS" (``.*<escaped name>:\\s*(\\S+).*``);
+``tests/training/test_metrics.py`` checks them against that example's literal strings. Two more,
+:data:`IMAGES_PER_SECOND` and :data:`LEARNING_RATE`, are read from the progress line the trainer
+prints every TRAIN.LOG_PERIOD steps (:data:`PROGRESS_METRIC_DEFINITIONS`).
+
+On the EC2 cluster rank 0 also writes the metrics in CloudWatch's embedded metric format
+(training/cloudwatch_metrics.py) under :data:`NAMESPACE`; the CloudWatch agent of the master node
+ships that file, and the stacks' dashboards and alarms (infra/constructs/monitoring.py) name the
+metrics by the constants here.
 
 Known overlap, kept because the regexes are the example's contract: the regex of
 ``mAP(bbox)/IoU=0.5`` also matches the line of ``mAP(bbox)/IoU=0.5:0.95`` (``IoU=0\\.5:`` is a prefix
@@ -57,8 +65,69 @@ def metric_regex(name: str) -> str:
     return ".*" + re.escape(name) + r":\s*(\S+).*"
 
 
+# Throughput and learning rate, read from the progress line (training/callbacks.py ProgressLogger):
+#   step 1900/2000 epoch 8 | rpn_losses/label_loss=0.0165 ... | lr=0.00200 | 19.03 images/s | elapsed ...
+# Losses there are written "name=value", so none of the "name:" regexes above match that line, and
+# these two match no "name: value" line.
+IMAGES_PER_SECOND = "images/s"            # the whole job's training images per second
+LEARNING_RATE = "learning_rate"           # also the graph's tensor name ("learning_rate:0")
+PROGRESS_METRIC_DEFINITIONS = [
+    {"Name": IMAGES_PER_SECOND, "Regex": r".*\| (\S+) images/s \|.*"},
+    {"Name": LEARNING_RATE, "Regex": r".*\| lr=(\S+) \|.*"},
+]
+
 # What SageMaker receives (training jobs' MetricDefinitions): [{"Name": ..., "Regex": ...}, ...].
-METRIC_DEFINITIONS = [{"Name": name, "Regex": metric_regex(name)} for name in METRIC_NAMES]
+METRIC_DEFINITIONS = ([{"Name": name, "Regex": metric_regex(name)} for name in METRIC_NAMES]
+                      + PROGRESS_METRIC_DEFINITIONS)
+# The metrics SageMaker publishes for a job (namespace /aws/sagemaker/TrainingJobs, dimension Host).
+SAGEMAKER_METRIC_NAMES = tuple(d["Name"] for d in METRIC_DEFINITIONS)
+SAGEMAKER_NAMESPACE = "/aws/sagemaker/TrainingJobs"
+SAGEMAKER_HOST_DIMENSION = "Host"         # "<training job name>/algo-<n>"
+
+# ------------------------------------------------------------------------------------- CloudWatch
+# The embedded-metric-format records of rank 0 on the EC2 cluster (training/cloudwatch_metrics.py).
+NAMESPACE = "MaskRCNN/Training"
+DEPLOYMENT_DIMENSION = "Deployment"       # the training stack's name: what alarms and dashboards select
+RUN_DIMENSION = "Run"                     # the run's name (its log directory's name)
+PATH_PROPERTY = "Path"                    # "cluster" or "sagemaker": a log field, not a dimension
+# Every metric once per deployment (alarms, the dashboard) and once per run (comparing runs).
+DIMENSION_SETS = ((DEPLOYMENT_DIMENSION,), (DEPLOYMENT_DIMENSION, RUN_DIMENSION))
+
+# The model's losses (training/model/generalized_rcnn.py, its ``stats``): the mean of each over the
+# steps since the last record. maskrcnn_loss only with MODE_MASK.
+RPN_LABEL_LOSS = "rpn_losses/label_loss"
+RPN_BOX_LOSS = "rpn_losses/box_loss"
+WEIGHT_DECAY_COST = "wd_cost"
+TOTAL_COST = "total_cost"                 # the sum of every loss and the weight decay: what is minimised
+LOSS_METRICS = (RPN_LABEL_LOSS, RPN_BOX_LOSS, FASTRCNN_LABEL_LOSS, FASTRCNN_BOX_LOSS, MASKRCNN_LOSS,
+                WEIGHT_DECAY_COST, TOTAL_COST)
+
+STEP = "step"                             # global step (of TRAIN.MAX_STEPS)
+EPOCH = "epoch"
+PROGRESS = "progress"                     # percent of TRAIN.MAX_STEPS done
+IMAGES_PER_SECOND_PER_GPU = "images/s/gpu"  # images/s over the number of ranks (one per GPU)
+LOSS_NOT_FINITE = "loss_not_finite"       # steps since the last record whose total_cost was NaN or inf
+HEARTBEAT = "heartbeat"                   # 1 in every record written while steps advance
+RUN_ACTIVE = "run_active"                 # 1 from the start of a run, 0 in its last record
+RUN_FINISHED = "run_finished"             # 1: the run reached TRAIN.MAX_STEPS
+RUN_FAILED = "run_failed"                 # 1: training stopped on an error
+RUN_STOPPED = "run_stopped"               # 1: training stopped before the end of its schedule on request
+
+# CloudWatch units (MetricDatum.Unit) of the records' metrics; every other metric has none.
+UNITS = {STEP: "Count", EPOCH: "Count", PROGRESS: "Percent", IMAGES_PER_SECOND: "Count/Second",
+         IMAGES_PER_SECOND_PER_GPU: "Count/Second", LOSS_NOT_FINITE: "Count", HEARTBEAT: "Count",
+         RUN_FINISHED: "Count", RUN_FAILED: "Count", RUN_STOPPED: "Count"}
+
+# Node metrics of the cluster's CloudWatch agent (infra/userdata/cluster_node.sh, ship_logs): one
+# namespace per deployment, NODE_NAMESPACE_PREFIX + the training stack's name, every series with the
+# one dimension InstanceId (the agent rolls the per-GPU and per-device series up to the node).
+NODE_NAMESPACE_PREFIX = "MaskRCNN/Nodes/"
+NODE_DIMENSION = "InstanceId"
+GPU_UTILIZATION = "nvidia_smi_utilization_gpu"          # percent
+GPU_MEMORY_UTILIZATION = "nvidia_smi_utilization_memory"  # percent of the time memory was read or written
+GPU_MEMORY_USED = "nvidia_smi_memory_used"              # MiB
+EFA_RX_BYTES = "efa_rx_bytes"                           # bytes received in the period, every EFA device
+EFA_TX_BYTES = "efa_tx_bytes"
 
 
 def format_metric(name: str, value: float) -> str:

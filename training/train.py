@@ -5,7 +5,13 @@
 
 Rank 0 logs, writes TensorBoard events and checkpoints into --logdir; a run whose log dir holds
 a checkpoint continues from it at the saved global step. Bad configuration or data stops here,
-before any graph is built.
+before any graph is built. SIGTERM stops every rank at the next step, after rank 0 saved a
+checkpoint of it (and wrote stopped.json); rank 0 also keeps heartbeat.json current.
+
+Exit status: 0 trained to the end of the schedule (or nothing left to train); 2 bad configuration
+or data; 75 stopped by SIGTERM, after a checkpoint of the last step trained (or during the
+start-up, before any step): the same command with the same --logdir continues; anything else:
+training failed.
 """
 from __future__ import annotations
 
@@ -110,16 +116,19 @@ def session_config(cfg, local_size: int):
 
 
 def main(argv=None) -> int:
+    from training import stopping
+    # First: SIGTERM (a SageMaker stop, scancel, a spot interruption) is recorded from now on, and
+    # training stops at a step boundary with a checkpoint instead of dying (training/stopping.py).
+    stopping.install_handler()
     args = parse_args(argv)
     use_graph_mode()
     import horovod.tensorflow as hvd
     from tensorpack import QueueInput, StagingInput, TrainConfig, launch_train_with_config, logger as tp_logger
-    from tensorpack.callbacks import (MergeAllSummaries, ModelSaver, MovingAverageSummary,
-                                      PeriodicTrigger, RunUpdateOps)
+    from tensorpack.callbacks import MergeAllSummaries, MovingAverageSummary, RunUpdateOps
     from tensorpack.callbacks.monitor import JSONWriter, TFEventWriter
     from tensorpack.tfutils.sessinit import ChainInit, SmartInit
 
-    from training import callbacks as cb, collectives, gradients
+    from training import callbacks as cb, cloudwatch_metrics, collectives, gradients
     from training.config import ConfigError, finalize
     from training.data.coco import DatasetError
     from training.data.pipeline import TrainingBatches
@@ -127,6 +136,7 @@ def main(argv=None) -> int:
     from training.model.generalized_rcnn import MaskRCNN
 
     hvd.init()
+    stopping.install_handler()  # again: MPI's initialisation may have set its own SIGTERM handler
     rank, size = hvd.rank(), hvd.size()
     logging.basicConfig(level=logging.INFO, format=f"[rank {rank}] %(levelname)s %(name)s: %(message)s")
     # Before the trainer's session, collectives run in sessions that create no GPU device
@@ -150,12 +160,19 @@ def main(argv=None) -> int:
             npz_shapes(load_model)
     except (ConfigError, DatasetError) as err:
         error = f"error: {err}" + (f" (rank {rank})" if size > 1 else "")
-    # every rank stops on any rank's error (rank 0's file check included), or none does
-    errors = [e for e in collectives.allgather_object(error, name="startup_verdict") if e]
+    # every rank stops on any rank's error (rank 0's file check included), or none does; and on a
+    # stop requested during the start-up (nothing trained yet: nothing to save)
+    verdicts = collectives.allgather_object((error, stopping.requested()), name="startup_verdict")
+    errors = [e for e, _ in verdicts if e]
     if errors:
         if rank == 0 or error:
             print(error or errors[0], file=sys.stderr, flush=True)
         return 2
+    if any(stop for _, stop in verdicts):
+        if rank == 0:
+            print(f"stopped by {stopping.signal_name()} before training started: nothing trained in this run, "
+                  f"nothing to save (exit status {stopping.STOPPED_EXIT_STATUS})", flush=True)
+        return stopping.STOPPED_EXIT_STATUS
     if cfg.TRAIN.MIXED_PRECISION or cfg.TRAIN.XLA:
         if not tf.config.list_physical_devices("GPU"):
             print("note: TRAIN.MIXED_PRECISION / TRAIN.XLA apply on GPU only; ignored on this CPU run", flush=True)
@@ -214,26 +231,44 @@ def main(argv=None) -> int:
     trainer = gradients.OptimizerAllreduceTrainer()
     global_batch = cfg.TRAIN.BATCH_SIZE_PER_GPU * size
 
+    # rank 0 only (tensorpack drops chief-only callbacks on the other ranks); before the evaluation,
+    # so an epoch's checkpoint exists however long its evaluation takes
+    checkpoints = cb.Checkpoints(logdir, every_epochs=cfg.TRAIN.CHECKPOINT_PERIOD, last_epoch=cfg.TRAIN.MAX_EPOCH,
+                                 minutes=cfg.TRAIN.CHECKPOINT_MINUTES)
+    stop = cb.StopOnRequest(checkpoints=checkpoints, logdir=logdir, rank=rank, steps_per_epoch=spe)
     callbacks = [
+        cb.ResumeMidEpoch(start_step=step, steps_per_epoch=spe),
         # the model's statistics exist once the graph is built: hand over a getter
         cb.ProgressLogger(lambda: model.stats, period=cfg.TRAIN.LOG_PERIOD, global_batch=global_batch,
                           max_steps=cfg.TRAIN.MAX_STEPS, steps_per_epoch=spe),
-        PeriodicTrigger(ModelSaver(max_to_keep=3, checkpoint_dir=logdir), every_k_epochs=cfg.TRAIN.CHECKPOINT_PERIOD),
+        checkpoints,
+        cb.Heartbeat(logdir, steps_per_epoch=spe),
     ]
     if val_split is not None:  # without it no predict tower is built either
         callbacks.append(cb.COCOEvaluator(cfg, val_split, logdir=logdir if rank == 0 else None, rank=rank, size=size))
-    if cfg.TRAIN.MAX_EPOCH % cfg.TRAIN.CHECKPOINT_PERIOD:
-        callbacks.append(PeriodicTrigger(ModelSaver(max_to_keep=3, checkpoint_dir=logdir),
-                                         every_k_epochs=cfg.TRAIN.MAX_EPOCH, before_train=False))
+    callbacks.append(stop)  # last: the other callbacks have done their work on the step it stops after
     config = TrainConfig(
         model=model, data=data, callbacks=callbacks,
         extra_callbacks=[MovingAverageSummary(), MergeAllSummaries(period=max(cfg.TRAIN.LOG_PERIOD, 50)),
                          RunUpdateOps()],
-        monitors=[TFEventWriter(), JSONWriter()],
+        monitors=[TFEventWriter(), JSONWriter(), *cloudwatch_metrics.monitors(  # CloudWatch EMF, SageMaker TensorBoard
+            lambda: model.stats, logdir=logdir, rank=rank, ranks=size, global_batch=global_batch, max_steps=cfg.TRAIN.MAX_STEPS)],
         steps_per_epoch=spe, starting_epoch=starting_epoch, max_epoch=cfg.TRAIN.MAX_EPOCH,
         session_init=session_init, session_creator=session_config(cfg, hvd.local_size()))
     launch_train_with_config(config, trainer)
-    return 0
+    if stop.stopped is None:
+        return 0
+    # Every rank waits here for rank 0's record, written after its checkpoint: no launcher sees a
+    # rank exit (and kills the others) while rank 0 is still saving.
+    record = collectives.broadcast_object(stop.record, name="stop_record")
+    if rank == 0:
+        saved = (f"checkpoint {os.path.join(logdir, record['checkpoint'])}" if record["checkpoint"] else
+                 f"but its checkpoint could not be written (see the error above); the latest is "
+                 f"{cb.latest_checkpoint(logdir) or 'none'}")
+        print(f"stopped by {record['signal']} after step {record['step']} of {cfg.TRAIN.MAX_STEPS}, {saved}; "
+              f"the same command with the same --logdir continues from it (exit status "
+              f"{stopping.STOPPED_EXIT_STATUS})", flush=True)
+    return stopping.STOPPED_EXIT_STATUS
 
 
 if __name__ == "__main__":

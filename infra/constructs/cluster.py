@@ -61,6 +61,10 @@ class NodeSpec:
     capacity_reservation: str | None = None
     # capacity_reservation is a Capacity Block for ML (launched with market type capacity-block).
     capacity_block: bool = False
+    # The workers are Spot Instances (the master stays On-Demand); spot_max_price: USD per hour,
+    # None for the current Spot price. Never together with capacity_reservation (AppConfig).
+    worker_spot: bool = False
+    spot_max_price: str | None = None
 
 
 def network_interfaces(groups: list[str], *, efa_interfaces: int,
@@ -104,6 +108,26 @@ def capacity_overrides(node: NodeSpec) -> dict[str, Any]:
         # EC2 launches into a Capacity Block only with this market type and the block's id.
         overrides["InstanceMarketOptions"] = {"MarketType": "capacity-block"}
     return overrides
+
+
+def spot_overrides(node: NodeSpec) -> dict[str, Any]:
+    """LaunchTemplateData properties that make a worker a Spot Instance (with node.worker_spot)."""
+    if not node.worker_spot:
+        return {}
+    if node.capacity_reservation:
+        raise ValueError("a Spot Instance cannot launch into a capacity reservation or Capacity "
+                         "Block: unset capacity_reservation or worker_spot")
+    options: dict[str, Any] = {
+        # The auto-scaling group requests each replacement itself: AWS asks for one-time
+        # requests in a group (a persistent one would relaunch outside the group's control).
+        "SpotInstanceType": "one-time",
+        # A Spot Instance set to stop or hibernate cannot launch into a placement group; a
+        # terminated worker is replaced by the group, and training resumes from its checkpoint.
+        "InstanceInterruptionBehavior": "terminate",
+    }
+    if node.spot_max_price:
+        options["MaxPrice"] = node.spot_max_price
+    return {"InstanceMarketOptions": {"MarketType": "spot", "SpotOptions": options}}
 
 
 class GpuCluster(Construct):
@@ -169,6 +193,17 @@ class GpuCluster(Construct):
             resource_name=f"{self.cluster_key_name}-??????",
             arn_format=ArnFormat.COLON_RESOURCE_NAME)
 
+        # Slurm's authentication key (munge), the same on every node: random from Secrets Manager
+        # at creation, written to /etc/maskrcnn/munge.key by each node's boot.
+        self.munge_key = secretsmanager.Secret(
+            self, "MungeKey", description="munge key of the cluster's Slurm daemons",
+            generate_secret_string=secretsmanager.SecretStringGenerator(
+                password_length=128, exclude_punctuation=True))
+        acknowledge(
+            self.munge_key, "AwsSolutions-SMG4",
+            "munge authenticates the Slurm daemons inside the VPC for the cluster's lifetime; "
+            "rotating it means restarting every node's daemons, i.e. redeploying the stack.")
+
         self.master_address = (ec2.CfnEIP(self, "MasterAddress", domain="vpc")
                                if master_public else None)
         # One zone, low-latency network between all nodes (master and workers). With a capacity
@@ -187,6 +222,7 @@ class GpuCluster(Construct):
             role.add_to_policy(iam.PolicyStatement(
                 sid="ReadClusterKey", actions=["secretsmanager:GetSecretValue"],
                 resources=[cluster_key_arn]))
+            self.munge_key.grant_read(role)
         self.master_role.add_to_policy(iam.PolicyStatement(
             sid="PublishClusterKey", actions=["secretsmanager:PutSecretValue"],
             resources=[cluster_key_arn]))
@@ -206,6 +242,8 @@ class GpuCluster(Construct):
             "MASTER_ASG_NAME": self.master_group_name,
             "WORKER_ASG_NAME": self.worker_group_name,
             "CLUSTER_KEY_SECRET_ARN": self.cluster_key.secret_arn,
+            "MUNGE_KEY_SECRET_ARN": self.munge_key.secret_arn,
+            "WORKER_COUNT": str(worker_count),
             "EFS_MOUNT": EFS_MOUNT,
             "NVME_MOUNT": NVME_MOUNT,
             "SSH_PORT": str(SSH_PORT),
@@ -257,8 +295,11 @@ class GpuCluster(Construct):
         # these Describe calls have no resource-level scoping.
         role.add_to_policy(iam.PolicyStatement(
             sid="DiscoverClusterNodes",
-            actions=["autoscaling:DescribeAutoScalingGroups", "ec2:DescribeInstances",
-                     "ec2:DescribeInstanceTypes"],
+            # DescribeAutoScalingInstances: a node claims a dead node's Slurm name only once that
+            # instance has left its group; DescribeCapacityReservations: a Capacity Block's end.
+            actions=["autoscaling:DescribeAutoScalingGroups", "autoscaling:DescribeAutoScalingInstances",
+                     "ec2:DescribeInstances", "ec2:DescribeInstanceTypes",
+                     "ec2:DescribeCapacityReservations"],
             resources=["*"]))
         # The boot script reports success or failure to CloudFormation (the groups' creation
         # policy), so `cdk deploy` finishes only when the nodes are ready.
@@ -272,8 +313,9 @@ class GpuCluster(Construct):
         acknowledge(
             role, "AwsSolutions-IAM5[Resource::*]",
             "Resource '*' only where AWS offers no resource-level scoping: "
-            "autoscaling:DescribeAutoScalingGroups, ec2:DescribeInstances and "
-            "ec2:DescribeInstanceTypes (hostfile discovery) and ecr:GetAuthorizationToken "
+            "autoscaling:DescribeAutoScalingGroups, autoscaling:DescribeAutoScalingInstances, "
+            "ec2:DescribeInstances, ec2:DescribeInstanceTypes and ec2:DescribeCapacityReservations "
+            "(node discovery, Slurm node names, a Capacity Block's end) and ecr:GetAuthorizationToken "
             "(docker login). Image pull itself is scoped to the assets repository.")
         return role
 
@@ -431,6 +473,10 @@ class GpuCluster(Construct):
             launch_template_data.add_property_override(
                 "LaunchTemplateData.Placement.GroupName", self.placement_group.ref)
         for key, value in capacity_overrides(node).items():
+            launch_template_data.add_property_override(f"LaunchTemplateData.{key}", value)
+        # Spot applies to the workers only: losing a worker costs a run its last steps, losing the
+        # master (rank 0, the cluster key, the node list) would stop the cluster.
+        for key, value in (spot_overrides(node) if prefix == "Worker" else {}).items():
             launch_template_data.add_property_override(f"LaunchTemplateData.{key}", value)
 
         group = autoscaling.AutoScalingGroup(

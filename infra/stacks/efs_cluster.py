@@ -11,6 +11,7 @@ from infra.constructs.cluster import LOGIN_USER, GpuCluster, LustreMount, NodeSp
 from infra.constructs.file_system import allow_nfs_from
 from infra.constructs.lustre import allow_lustre_from
 from infra.constructs.machine_image import cluster_machine_image
+from infra.constructs.monitoring import DASHBOARD_URL_OUTPUT, ClusterMonitoring
 from infra.constructs.training_image import TrainingImage
 from infra.stacks.common_outputs import add_shared_outputs
 from infra.stacks.network_storage import NetworkStorageStack
@@ -40,7 +41,9 @@ class EfsClusterStack(Stack):
                           ebs_volume_size_gib=config.ebs_volume_size_gib,
                           efa_interfaces=config.efa_interfaces,
                           capacity_reservation=config.capacity_reservation,
-                          capacity_block=config.capacity_block),
+                          capacity_block=config.capacity_block,
+                          worker_spot=config.worker_spot,
+                          spot_max_price=config.spot_max_price),
             worker_count=config.worker_count,
             idle_scaledown_minutes=config.idle_scaledown_minutes,
             file_system_id=shared.file_system.id_in(self),
@@ -89,3 +92,11 @@ class EfsClusterStack(Stack):
         CfnOutput(self, outputs.WORKER_ASG_NAME, value=self.cluster.worker_group_name)
         add_shared_outputs(self, shared=shared, image=image)
 
+        lustre_id = shared.lustre.value_in(self, "file_system_id") if shared.lustre.enabled else None
+        self.monitoring = ClusterMonitoring(
+            self, "Monitoring", topic=shared.notifications.topic, node_roles=self.cluster.roles,
+            group_names=(self.cluster.master_group_name, self.cluster.worker_group_name),
+            file_system_id=shared.file_system.id_in(self), lustre_file_system_id=lustre_id,
+            stall_minutes=config.stall_alarm_minutes)
+        CfnOutput(self, DASHBOARD_URL_OUTPUT, value=self.monitoring.dashboard_url,
+                  description="CloudWatch dashboard of the training runs and the nodes")

@@ -17,7 +17,9 @@
 #   container "maskrcnn"                $TRAINING_IMAGE_URI running `cluster-node` (sshd on
 #                                       $PRIVATE_IP:$SSH_PORT), restarted by Docker after a
 #                                       reboot, once /efs is mounted again
-#   /usr/local/bin/maskrcnn-train       the one command that starts training (on the master)
+#   /etc/maskrcnn/munge.key             Slurm's authentication key (from Secrets Manager)
+#   /usr/local/bin/maskrcnn-job         training runs as Slurm jobs: submit, status, logs, stop,
+#                                       list (maskrcnn-train: submit)
 #   maskrcnn-idle.timer                 on the master, unless IDLE_SCALEDOWN_MINUTES is 0: every
 #                                       minute the idle check, which scales idle workers to 0
 if ! declare -F boot_failed >/dev/null; then
@@ -96,9 +98,87 @@ JSON
     # shellcheck disable=SC2034  # read by the bootstrap's failure path
     LOGS_SHIPPED=1
     log "boot log shipped to CloudWatch Logs: $LOG_GROUP, $INSTANCE_ID/maskrcnn-boot.log"
+    ship_training_telemetry
   else
     log "warning: the CloudWatch agent did not start; the boot log is in $BOOT_LOG only"
   fi
+}
+
+# Training telemetry: a second agent configuration, appended to the boot logs' one (the agent
+# merges the collect lists; neither repeats the other's settings). Every node ships its containers'
+# output (Docker's json-file logs). The master also ships what the runs write on EFS, whichever node
+# runs rank 0: the Slurm jobs' output, tensorpack's log.log and rank 0's metric records
+# (training/cloudwatch_metrics.py EMF_FILE), whose lines are CloudWatch embedded metric format: the
+# agent sends such a stream as EMF and CloudWatch makes metrics of it. Only the master, so that each
+# line is sent once. GPU and EFA metrics go to this deployment's node namespace (training/metrics.py
+# NODE_NAMESPACE_PREFIX, which the node roles' PutMetricData permission and the dashboard name),
+# rolled up per node (dimension InstanceId: the mean, minimum and maximum over its GPUs or devices).
+TRAINING_AGENT_CONFIG=/etc/maskrcnn/cloudwatch-agent-training.json
+TRAINING_METRICS_FILE=cloudwatch-metrics.log
+NODE_METRICS_NAMESPACE_PREFIX=MaskRCNN/Nodes/
+# The agent's nvidia_gpu measurements (published as nvidia_smi_<measurement>) and its EFA receiver's
+GPU_MEASUREMENTS='"utilization_gpu", "utilization_memory", "memory_used", "memory_total", "temperature_gpu", "power_draw"'
+EFA_MEASUREMENTS='"efa_rx_bytes", "efa_tx_bytes", "efa_rdma_read_bytes", "efa_rdma_write_bytes", "efa_rx_dropped"'
+
+agent_log_file() {  # agent_log_file PATH_GLOB STREAM: one collect_list entry
+  printf '{"file_path": "%s", "log_group_name": "%s", "log_stream_name": "%s/%s"}' \
+    "$1" "$LOG_GROUP" "$INSTANCE_ID" "$2"
+}
+
+training_agent_config() {  # training_agent_config GPU EFA (1 or 0): this node's training configuration
+  local files collected=() metrics=""
+  files=$(agent_log_file "/var/lib/docker/containers/*/*-json.log" containers)
+  if [[ "$ROLE" == master ]]; then
+    files+=", $(agent_log_file "$EFS_MOUNT/logs/*/slurm-*.out" training-jobs)"
+    files+=", $(agent_log_file "$EFS_MOUNT/logs/*/log.log" training.log)"
+    files+=", $(agent_log_file "$EFS_MOUNT/logs/*/$TRAINING_METRICS_FILE" training-metrics)"
+  fi
+  if (( $1 )); then
+    # Only the per-node rollup is sent: min/max over the node's GPUs still shows an idle one.
+    collected+=("\"nvidia_gpu\": {\"measurement\": [$GPU_MEASUREMENTS], \"metrics_collection_interval\": 60, \"drop_original_metrics\": [$GPU_MEASUREMENTS]}")
+  fi
+  if (( $2 )); then
+    collected+=("\"efa\": {\"measurement\": [$EFA_MEASUREMENTS], \"metrics_collection_interval\": 60}")
+  fi
+  if (( ${#collected[@]} )); then
+    # shellcheck disable=SC2016  # ${aws:InstanceId} is the agent's placeholder, not a shell variable
+    metrics=$(IFS=,; printf ', "metrics": {"namespace": "%s", "append_dimensions": {"InstanceId": "${aws:InstanceId}"}, "aggregation_dimensions": [["InstanceId"]], "metrics_collected": {%s}}' \
+                "$NODE_METRICS_NAMESPACE_PREFIX$STACK_NAME" "${collected[*]}")
+  fi
+  printf '{"logs": {"logs_collected": {"files": {"collect_list": [%s]}}}%s}\n' "$files" "$metrics"
+}
+
+node_has_efa() {  # EFA devices, as start_container finds them
+  local dev
+  for dev in /dev/infiniband/uverbs*; do
+    [[ -e "$dev" ]] && return 0
+  done
+  return 1
+}
+
+ship_training_telemetry() {  # after ship_logs started the agent; never fails the boot
+  local gpu=0 efa=0
+  if command -v nvidia-smi >/dev/null; then
+    gpu=1
+  fi
+  if node_has_efa; then
+    efa=1
+  fi
+  while :; do
+    training_agent_config "$gpu" "$efa" > "$TRAINING_AGENT_CONFIG"
+    if "$CLOUDWATCH_AGENT_CTL" -a append-config -m ec2 -s -c "file:$TRAINING_AGENT_CONFIG" >/dev/null; then
+      log "training logs and node metrics shipped: $LOG_GROUP, $INSTANCE_ID/*; metrics in" \
+          "$NODE_METRICS_NAMESPACE_PREFIX$STACK_NAME"
+      return 0
+    fi
+    (( efa )) || break
+    # EC2 EFA metrics arrived in agent 1.300068.0 (May 2026): an older agent refuses the section.
+    log "warning: the CloudWatch agent refused the EFA metrics (older than 1.300068.0?); without them"
+    efa=0
+  done
+  "$CLOUDWATCH_AGENT_CTL" -a remove-config -m ec2 -s -c "file:$TRAINING_AGENT_CONFIG" >/dev/null || true
+  log "warning: the CloudWatch agent refused $TRAINING_AGENT_CONFIG: boot logs only, no training" \
+      "logs or node metrics in CloudWatch"
 }
 
 gpu_count() {
@@ -251,6 +331,14 @@ install_cluster_key() {
   chmod 0600 "$dir/authorized_keys"
 }
 
+install_munge_key() {  # Slurm's authentication key, the same on every node (launch/cluster/slurm.py)
+  local key
+  key=$(aws secretsmanager get-secret-value --secret-id "$MUNGE_KEY_SECRET_ARN" \
+          --query SecretString --output text) || return 1
+  (umask 077 && printf '%s' "$key" > /etc/maskrcnn/munge.key)
+  chmod 0400 /etc/maskrcnn/munge.key
+}
+
 ecr_login() {
   aws ecr get-login-password | docker login --username AWS --password-stdin "${TRAINING_IMAGE_URI%%/*}"
 }
@@ -285,13 +373,18 @@ start_container() {
 }
 
 install_train_command() {
+  cat > /usr/local/bin/maskrcnn-job <<'WRAPPER'
+#!/bin/bash
+# Training runs as Slurm jobs (launch/cluster/jobs.py in the maskrcnn container):
+#   maskrcnn-job submit [--run-name NAME] [--resume] [KEY=VALUE ...] | status | logs | stop | list
+exec docker exec -i maskrcnn maskrcnn-entrypoint job "$@"
+WRAPPER
   cat > /usr/local/bin/maskrcnn-train <<'WRAPPER'
 #!/bin/bash
-# Starts distributed training on every cluster node from here (the master): launch/cluster/run.py
-# inside the maskrcnn container; arguments are KEY=VALUE config overrides.
-exec docker exec -i maskrcnn maskrcnn-entrypoint cluster-train "$@"
+# Queues a new training run on every cluster node: maskrcnn-job submit [KEY=VALUE ...]
+exec docker exec -i maskrcnn maskrcnn-entrypoint job submit "$@"
 WRAPPER
-  chmod 0755 /usr/local/bin/maskrcnn-train
+  chmod 0755 /usr/local/bin/maskrcnn-job /usr/local/bin/maskrcnn-train
 }
 
 install_idle_check() {  # master: idle workers scale to zero (launch/cluster/idle.py, docs/infra.md)
@@ -370,8 +463,10 @@ ship_logs
 GPUS=$(gpu_count)
 check_gpus
 SLOTS=$(( GPUS > 0 ? GPUS : 1 ))  # a CPU-only node runs one process
-# The container's sshd listens on this address only (never on the master's public address).
-echo "PRIVATE_IP=$PRIVATE_IP" >> /etc/maskrcnn/cluster.env
+# The container's sshd listens on this address only (never on the master's public address); the
+# Slurm daemons register the node under its instance id, with one rank per GPU.
+printf 'PRIVATE_IP=%s\nINSTANCE_ID=%s\nINSTANCE_TYPE=%s\nSLOTS=%s\n' \
+  "$PRIVATE_IP" "$INSTANCE_ID" "$INSTANCE_TYPE" "$SLOTS" >> /etc/maskrcnn/cluster.env
 mount_efs
 mount_lustre
 find_local_nvme
@@ -381,6 +476,7 @@ if [[ "$ROLE" == master ]]; then
   attach_master_address
 fi
 install_cluster_key
+retry 10 6 install_munge_key
 start_container
 install_train_command
 if [[ "$ROLE" == master ]]; then

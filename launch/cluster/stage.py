@@ -10,26 +10,48 @@ from pathlib import Path
 
 from infra.outputs import LUSTRE_COCO_DIR
 
-# A node copies the dataset to its NVMe with this script (run through the health checks' runner:
-# SSH into the node's container, which has EFS and LOCAL_NVME mounted). Files land in
-# DEST.partial (cp -u -p: an interrupted copy resumes where it stopped), which becomes DEST only
-# when complete; DEST/.maskrcnn-staged then holds the digest of the source's listing (paths and
-# sizes), so a later run skips a node whose copy is complete and current.
+# A node copies the dataset to its NVMe with this script (run through the health checks' runner, or
+# one srun task per node: in the node's container, which has EFS and LOCAL_NVME mounted). Files land
+# in DEST.partial, which becomes DEST only when complete; DEST/.maskrcnn-staged then holds the
+# digest of the source's listing (paths and sizes), so a later run skips a node whose copy is
+# complete and current ("already staged").
+# A rerun after an interruption copies what is missing or wrong: every file whose copy differs from
+# its source in size or modification time (whole seconds) is copied again. cp -p sets the time after
+# the last byte, so a copy cut short keeps the time it was written at and is recopied (cp -u, which
+# skips a target newer than its source, kept such a truncated file for good). Copies of files the
+# source no longer has are removed, and an outdated complete copy is where the next one starts.
 STAGE_SCRIPT = r"""
 set -euo pipefail
 src=$1 dest=$2 jobs=$3
 marker=.maskrcnn-staged
 listing() { (cd "$1" && find . -type f ! -name "$marker" -printf '%P %s\n' | LC_ALL=C sort | sha256sum | cut -d' ' -f1); }
+# "path<TAB>size<TAB>mtime in whole seconds" of every file, sorted
+stamps() { (cd "$1" && find . -type f ! -name "$marker" -printf '%P\t%s\t%T@\n' | sed 's/\.[0-9]*$//' | LC_ALL=C sort); }
 want=$(listing "$src")
 if [[ -f "$dest/$marker" && "$(cat "$dest/$marker")" == "$want" ]]; then
   echo "already staged"; exit 0
 fi
+odd=$(cd "$src" && find . \( -name $'*\n*' -o -name $'*\t*' \) -print -quit)
+if [[ -n "$odd" ]]; then
+  echo "cannot stage $src: a file name with a tab or a newline ($odd); rename it, or train from where it is without the copy" >&2
+  exit 1
+fi
 rm -rf "$dest.old"
+if [[ -d "$dest" && ! -d "$dest.partial" ]]; then mv "$dest" "$dest.partial"; fi
 mkdir -p "$dest.partial"
+rm -f "$dest.partial/$marker"
+lists=$(mktemp -d)
+trap 'rm -rf "$lists"' EXIT
+stamps "$src" > "$lists/src"
+stamps "$dest.partial" > "$lists/dest"
+# copies that are not exactly a source file's (stale, truncated, or no longer in the source): removed
+LC_ALL=C comm -13 "$lists/src" "$lists/dest" | cut -f1 | tr '\n' '\0' \
+  | (cd "$dest.partial" && xargs -0 -r rm -f --)
 cd "$src"
 find . -mindepth 1 -type d -printf '%P\0' | (cd "$dest.partial" && xargs -0 -r mkdir -p)
-find . -type f ! -name "$marker" -printf '%P\0' \
-  | xargs -0 -r -n 64 -P "$jobs" cp -u -p --parents -t "$dest.partial"
+# source files without an exact copy: copied
+LC_ALL=C comm -23 "$lists/src" "$lists/dest" | cut -f1 | tr '\n' '\0' \
+  | xargs -0 -r -n 64 -P "$jobs" cp -p --parents -t "$dest.partial"
 [[ "$(listing "$dest.partial")" == "$want" ]] || { echo "the copy does not match $src" >&2; exit 1; }
 echo "$want" > "$dest.partial/$marker"
 if [[ -e "$dest" ]]; then mv "$dest" "$dest.old"; fi

@@ -5,6 +5,15 @@ channel), the final model in /opt/ml/model, and on failure the reason in /opt/ml
 a non-zero exit status, so SageMaker reports the job as failed. (A seed sample exited 0 after
 failed training.)
 
+Stopping: SageMaker sends SIGTERM to every container (StopTrainingJob, MaxRuntimeInSeconds, a spot
+interruption) and SIGKILL 120 s later. This process is PID 1 and passes the signal on to the
+training ranks of its host (launch/rank_signals.py); they stop after the same step and rank 0 saves
+a checkpoint of it. The leader then exports that checkpoint to /opt/ml/model, writes "stopped by
+SIGTERM after a checkpoint at step N ..." to /opt/ml/output/failure (the other hosts write the
+leader's reason) and exits with status 75. Ranks still running 100 s after the signal are killed,
+so that the export and the failure file are written before SageMaker's SIGKILL. The same job
+started again (same run name) continues from the checkpoint.
+
 Processes: one per GPU (one per host on CPU; ``sagemaker_mpi_num_of_processes_per_host`` overrides).
 One host runs ``python -m training.train`` directly, or under ``horovodrun`` for several processes.
 Several hosts: the leader (first of the sorted host names) starts mpirun over all hosts, the others
@@ -43,9 +52,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from launch.cluster.launch_command import horovod_env, mca_env
+from launch.rank_signals import RANK_SCRIPT, StopForwarder
+from training.stopping import STOPPED_EXIT_STATUS
 
 RUN_NAME_ENV = "MASKRCNN_RUN_NAME"      # set by the launcher's --run-name
-RANK_SCRIPT = "maskrcnn_rank.py"
 # Under mpirun, a Horovod built without MPI would run every rank as a job of its own, silently.
 RANK_SCRIPT_TEXT = """import os, runpy, sys
 import training.compat  # TensorFlow's settings, before anything imports it
@@ -67,6 +77,8 @@ JOBS_DIR = ".jobs"                      # <log channel>/.jobs/<job name>/: SSH k
 OUTCOME_FILE = "outcome.json"
 LEADER_LOST_SECONDS = 5 * 60            # a worker gives up on a leader unreachable this long
 POLL_SECONDS = 2
+STOP_GRACE_SECONDS = 120                # SageMaker's SIGKILL follows its SIGTERM after this long
+FINISH_SECONDS = 20                     # kept of those for the export and the failure file
 
 
 class JobError(RuntimeError):
@@ -270,7 +282,7 @@ def _run_leader(runner, job: Job, env_vars: dict[str, str]) -> None:
                         cwd=environment.code_dir)
 
 
-def run_multi_host(job: Job) -> None:
+def run_multi_host(job: Job, stop: StopForwarder | None = None) -> None:
     from sagemaker_training import environment, mpi
 
     if "/input/data/log/" not in job.logdir + "/":
@@ -303,7 +315,7 @@ def run_multi_host(job: Job) -> None:
         # exits 0), after polling the leader for minutes; the leader's outcome file says which, at once.
         mpi.WorkerRunner(RANK_SCRIPT, train_args(job), env_vars, job.processes_per_host, job.leader,
                          job.current_host).run(wait=False)
-        _wait_for_leader(job, shared / OUTCOME_FILE, since=started)
+        _wait_for_leader(job, shared / OUTCOME_FILE, since=started, stop=stop)
 
 
 def report_outcome(job: Job, *, ok: bool, reason: str = "") -> None:
@@ -320,11 +332,15 @@ def report_outcome(job: Job, *, ok: bool, reason: str = "") -> None:
         print(f"[entry] could not write the outcome for the other hosts to {target}: {err}", file=sys.stderr)
 
 
-def _wait_for_leader(job: Job, outcome_file: Path, *, since: float) -> None:
+def _wait_for_leader(job: Job, outcome_file: Path, *, since: float, stop: StopForwarder | None = None) -> None:
     """Until the leader writes this attempt's outcome: return on success, raise its reason on failure.
-    Also raise when the leader stays unreachable for LEADER_LOST_SECONDS (its host died)."""
+    Also raise when the leader stays unreachable for LEADER_LOST_SECONDS (its host died), or has
+    not reported by the time a stop must be finished (SageMaker's SIGKILL is near)."""
     last_seen = time.time()
     while True:
+        if stop is not None and stop.requested_at is not None and \
+                time.time() > stop.requested_at + STOP_GRACE_SECONDS - FINISH_SECONDS / 2:
+            raise JobError(f"stopped by SIGTERM; the leader {job.leader} did not report the job's outcome in time")
         try:
             outcome = json.loads(outcome_file.read_text())
         except (OSError, ValueError):
@@ -341,6 +357,17 @@ def _wait_for_leader(job: Job, outcome_file: Path, *, since: float) -> None:
                 raise JobError(f"lost the leader {job.leader}: unreachable for {LEADER_LOST_SECONDS} s and "
                                f"no outcome in {outcome_file}") from None
         time.sleep(POLL_SECONDS)
+
+
+def _export_after_stop(job: Job) -> str:
+    """Export what exists after a stop (SageMaker uploads /opt/ml/model of stopped jobs too)."""
+    try:
+        exported = export_model(job.logdir, job.model_dir)
+    except JobError:
+        return "; nothing to export to the model directory (no checkpoint)"
+    checkpoint = next((n[:-len(".index")] for n in exported if n.endswith(".index")), "?")
+    print(f"[entry] model in {job.model_dir}: {', '.join(exported)}", flush=True)
+    return f"; {checkpoint} is exported to the model directory"
 
 
 def export_model(logdir: str, model_dir: str) -> list[str]:
@@ -362,18 +389,58 @@ def export_model(logdir: str, model_dir: str) -> list[str]:
     return copied + ["checkpoint"]
 
 
+def stop_reason(job: Job, *, signalled: bool, ended_early: bool, since: float) -> str | None:
+    """The failure reason of a stopped run: its stop record is from this attempt (``since``; any
+    host may have received the signal), or this host received SIGTERM (``signalled``) and training
+    did not finish (``ended_early``). None otherwise (a run that finished despite a late SIGTERM
+    is a finished run)."""
+    from training.run_status import read_stop_record
+
+    record = read_stop_record(job.logdir, since=since)
+    again = "start the job again with the same run name to continue from it"
+    if record is not None and record.get("checkpoint"):
+        return (f"stopped by {record.get('signal', 'SIGTERM')} after a checkpoint at step {record['step']} "
+                f"(epoch {record.get('epoch')}; {record['checkpoint']} in {job.logdir}): {again}")
+    if record is None and not (signalled and ended_early):
+        return None
+    from training.callbacks import resume_step   # imports TensorFlow: only when needed
+    checkpoint, step = resume_step(job.logdir)
+    latest = f"{os.path.basename(checkpoint)} (step {step})" if checkpoint else "none yet"
+    if record is not None:
+        what = f"at step {record['step']}, but that step's checkpoint could not be written (see the log)"
+    else:
+        what = "before training saved a checkpoint at a step boundary (it had not started, or did not get there in time)"
+    return f"stopped by SIGTERM {what}; the latest checkpoint: {latest}: {again}"
+
+
 def main(argv: list[str] | None = None) -> int:
+    # First, so that no SIGTERM is lost: this process is the container's PID 1, and the kernel drops
+    # signals to a PID 1 without a handler (launch/rank_signals.py).
+    stop = StopForwarder(kill_after=STOP_GRACE_SECONDS - FINISH_SECONDS).install()
     from sagemaker_training import environment, files
 
     status, job = 1, None
     try:
         job = plan(environment.Environment())
+        stop.watch(job.logdir)
         print(f"[entry] host {job.current_host} of {sorted(job.hosts)}, {job.processes_per_host} process(es) "
               f"per host; data {job.train_dir}; logdir {job.logdir}", flush=True)
-        if len(job.hosts) > 1:
-            run_multi_host(job)
-        else:
-            run_single_host(job)
+        started, failure = time.time(), None
+        skipped = stop.requested_at is not None   # a stop before training started: start nothing
+        try:
+            if not skipped and len(job.hosts) > 1:
+                run_multi_host(job, stop)
+            elif not skipped:
+                run_single_host(job)
+        except JobError as err:
+            failure = err
+        stopped = stop_reason(job, signalled=stop.requested_at is not None,
+                              ended_early=skipped or failure is not None, since=started)
+        if stopped is not None:
+            status = STOPPED_EXIT_STATUS
+            raise JobError(stopped + (_export_after_stop(job) if job.is_leader else ""))
+        if failure is not None:
+            raise failure
         if job.is_leader:
             exported = export_model(job.logdir, job.model_dir)
             print(f"[entry] model in {job.model_dir}: {', '.join(exported)}", flush=True)
@@ -388,7 +455,7 @@ def main(argv: list[str] | None = None) -> int:
         report_outcome(job, ok=False, reason=reason)
     os.makedirs(environment.output_dir, exist_ok=True)
     files.write_failure_file(reason[:10000])  # SageMaker shows the start of this file; keep it bounded
-    print(f"[entry] FAILED: {reason}", file=sys.stderr, flush=True)
+    print(f"[entry] {'STOPPED' if status == STOPPED_EXIT_STATUS else 'FAILED'}: {reason}", file=sys.stderr, flush=True)
     return status
 
 

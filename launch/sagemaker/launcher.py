@@ -13,8 +13,11 @@ staged COCO tree), ``log`` read-write (the entry writes checkpoints and TensorBo
 instead (the app's fsx_lustre_storage_gib; the dataset at /<mount name>/coco, loaded from the bucket
 on first read) and the job runs in that file system's subnet. Every job gets a new run name unless ``--run-name`` names an earlier run to
 continue, so a new experiment never picks up an old one's checkpoints; a spot job that SageMaker
-restarts keeps its run name and resumes from EFS. The 22 metric definitions come from
-training.metrics, hyperparameters are checked with training.hparams before anything is sent.
+restarts keeps its run name and resumes from EFS. The metric definitions come from
+training.metrics (the 22 of AWS's EFS example, images/s and the learning rate); rank 0's TensorBoard
+events also go to the job's TensorBoard output (s3://<bucket>/<output prefix>/tensorboard/<run name>,
+uploaded while the job runs). Hyperparameters are checked with training.hparams before anything is
+sent.
 
 The same :func:`start_job` is what notebooks/sagemaker_training.ipynb calls. ``describe`` and ``logs``
 of a finished job (and ``start --wait``) add its estimated cost (:func:`job_cost`, launch/cost.py).
@@ -43,6 +46,7 @@ LOG_CHANNEL_PATH = "/logs"
 # On the FSx for Lustre file system, below its mount name: s3://<bucket>/data/coco appears as /coco.
 LUSTRE_TRAIN_PATH = f"/{outputs.LUSTRE_COCO_DIR}"
 RUN_NAME_ENV = "MASKRCNN_RUN_NAME"    # read by launch/sagemaker/entry.py
+TENSORBOARD_LOCAL_PATH = "/opt/ml/output/tensorboard"   # SageMaker's default TensorBoard directory
 # A directory name on EFS: no '/', no '..', no leading '.'.
 RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 
@@ -129,9 +133,11 @@ def build_trainer(session: boto3.session.Session, spec: JobSpec):
     """A ``sagemaker.train.ModelTrainer`` for ``spec`` and the resolved spec."""
     from sagemaker.core.helper.session_helper import Session
     from sagemaker.core.training.configs import (Compute, FileSystemDataSource, InputData, MetricDefinition,
-                                                 Networking, OutputDataConfig, StoppingCondition)
+                                                 Networking, OutputDataConfig, StoppingCondition,
+                                                 TensorBoardOutputConfig)
     from sagemaker.train import ModelTrainer
 
+    from training.cloudwatch_metrics import TENSORBOARD_DIR_ENV
     from training.metrics import METRIC_DEFINITIONS
 
     stack = stack_outputs(session, spec.stack)
@@ -154,6 +160,12 @@ def build_trainer(session: boto3.session.Session, spec: JobSpec):
     # The run directory <log>/<run name> holds the checkpoints; a spot job SageMaker restarts keeps
     # this environment, so it resumes there.
     environment = {**spec.environment, RUN_NAME_ENV: spec.run_name}
+    # Rank 0 also writes its TensorBoard events where SageMaker uploads them from while the job runs
+    # (training/cloudwatch_metrics.py), to s3://<bucket>/<output prefix>/tensorboard/<run name>.
+    environment.setdefault(TENSORBOARD_DIR_ENV, TENSORBOARD_LOCAL_PATH)
+    tensorboard = TensorBoardOutputConfig(
+        s3_output_path=f"s3://{bucket}/{spec.output_prefix.strip('/')}/tensorboard/{spec.run_name}",
+        local_path=environment[TENSORBOARD_DIR_ENV])
     stopping = StoppingCondition(max_runtime_in_seconds=spec.max_run_seconds)
     if spec.spot:
         # No CheckpointConfig: its S3 sync covers /opt/ml/checkpoints, and the checkpoints are on EFS.
@@ -178,7 +190,8 @@ def build_trainer(session: boto3.session.Session, spec: JobSpec):
             ],
             hyperparameters={k: str(v) for k, v in spec.hyperparameters.items()},
             environment=environment,
-        ).with_metric_definitions([MetricDefinition(name=m["Name"], regex=m["Regex"]) for m in METRIC_DEFINITIONS])
+        ).with_metric_definitions([MetricDefinition(name=m["Name"], regex=m["Regex"]) for m in METRIC_DEFINITIONS]
+                                  ).with_tensorboard_output_config(tensorboard)
     return trainer, spec
 
 

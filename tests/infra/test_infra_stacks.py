@@ -563,8 +563,8 @@ def test_user_data_writes_the_node_contract(default_synth, prefix, role):
                      '-v /etc/maskrcnn:/etc/maskrcnn:ro', "cluster-node", "nvidia-smi -L",
                      "/etc/maskrcnn/hostfile", "/etc/maskrcnn/ssh", "secretsmanager",
                      "nfsvers=4.1,rsize=1048576,wsize=1048576,hard,timeo=600,retrans=2",
-                     "/etc/fstab", "no-agent-forwarding", "/usr/local/bin/maskrcnn-train",
-                     "maskrcnn-entrypoint cluster-train"):
+                     "/etc/fstab", "no-agent-forwarding", "/usr/local/bin/maskrcnn-job",
+                     "maskrcnn-entrypoint job", "MUNGE_KEY_SECRET_ARN", "/etc/maskrcnn/munge.key"):
         assert fragment in text, fragment
     assert "aws ecr get-login " not in text and "ForwardAgent" not in text
 

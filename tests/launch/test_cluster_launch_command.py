@@ -1,33 +1,47 @@
-"""The mpirun command for a given cluster: exact argv, hostfile, EFA variant."""
+"""The mpirun command for a given cluster (over SSH with a hostfile, or inside a Slurm allocation): the
+flags that matter, hostfile, EFA variant. Pure functions; the emulated cluster tests run the command."""
 import pytest
 
 from launch.cluster.launch_command import (Node, efa_rdma_read, hostfile_text, horovod_env, mpirun_command,
-                                           train_command)
+                                           mpirun_in_allocation, train_command)
 
 TWO_NODES = [Node("10.0.1.4", 8), Node("10.0.1.5", 8)]
 
 
-def test_exact_command_for_two_p4d_nodes():
+def _mca(cmd: list[str]) -> dict[str, str]:
+    return {cmd[i + 1]: cmd[i + 2] for i, a in enumerate(cmd) if a == "-mca"}
+
+
+def _exported(cmd: list[str]) -> list[str]:
+    return [cmd[i + 1] for i, a in enumerate(cmd) if a == "-x"]
+
+
+@pytest.mark.parametrize("inside_slurm", [False, True])
+def test_two_p4d_nodes_get_one_rank_per_gpu_and_the_flags_that_matter(inside_slurm):
     train = train_command(logdir="/efs/logs/run1", data_dir="/efs/data/coco",
                           overrides=["TRAIN.BATCH_SIZE_PER_GPU=4"])
-    cmd = mpirun_command(TWO_NODES, hostfile="/efs/logs/run1/hostfile", train=train)
-    assert cmd == [
-        "mpirun", "--allow-run-as-root", "-np", "16", "--hostfile", "/efs/logs/run1/hostfile",
-        "-bind-to", "none", "-map-by", "slot",
-        "-mca", "pml", "ob1", "-mca", "btl", "^openib",
-        "-mca", "btl_tcp_if_exclude", "lo,docker0", "-mca", "oob_tcp_if_exclude", "lo,docker0",
-        "-mca", "plm_rsh_args",
-        "-p 2222 -i /etc/maskrcnn/ssh/id_ed25519 -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null "
-        "-o LogLevel=ERROR -o BatchMode=yes",
-        "-mca", "orte_abort_on_non_zero_status", "1", "-mca", "mpi_yield_when_idle", "1", "--tag-output",
-        "-x", "NCCL_SOCKET_IFNAME=^docker0,lo", "-x", "NCCL_DEBUG=WARN",
-        "-x", "HOROVOD_CYCLE_TIME=0.5", "-x", "HOROVOD_FUSION_THRESHOLD=67108864",
-        "-x", "HOROVOD_STALL_CHECK_TIME_SECONDS=60", "-x", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS=1800",
-        "-x", "PATH", "-x", "LD_LIBRARY_PATH", "-x", "PYTHONPATH", "-x", "TF_USE_LEGACY_KERAS",
-        "-x", "TF_CPP_MIN_LOG_LEVEL",
-        "python", "-m", "training.train", "--logdir", "/efs/logs/run1",
-        "--config", "DATA.BASEDIR=/efs/data/coco", "TRAIN.BATCH_SIZE_PER_GPU=4",
-    ]
+    cmd = (mpirun_in_allocation(ranks=16, train=train) if inside_slurm else
+           mpirun_command(TWO_NODES, hostfile="/efs/logs/run1/hostfile", train=train))
+    assert cmd[:2] == ["mpirun", "--allow-run-as-root"] and cmd[cmd.index("-np") + 1] == "16"   # 2 x 8 GPUs
+    mca = _mca(cmd)
+    # Neither MPI's TCP transport nor its daemons' connections may pick lo or the docker bridge.
+    assert set(mca["btl_tcp_if_exclude"].split(",")) == set(mca["oob_tcp_if_exclude"].split(",")) == {"lo", "docker0"}
+    assert mca["orte_abort_on_non_zero_status"] == "1"       # one failed rank ends the job
+    # A vanished node ends the job within a minute: keepalive after 10 s idle, 3 probes 5 s apart.
+    keepalive = (int(mca["oob_tcp_keepalive_time"]) + int(mca["oob_tcp_keepalive_intvl"])
+                 * int(mca["oob_tcp_keepalive_probes"]))
+    assert keepalive <= 60
+    assert "NCCL_SOCKET_IFNAME=^docker0,lo" in _exported(cmd)
+    assert {"PATH", "PYTHONPATH", "TF_USE_LEGACY_KERAS"} <= set(_exported(cmd))
+    # Training comes last, the user's override after the data directory so that it wins.
+    assert cmd[-8:-5] == ["python", "-m", "training.train"] and cmd[-1] == "TRAIN.BATCH_SIZE_PER_GPU=4"
+    assert cmd.index("DATA.BASEDIR=/efs/data/coco") < cmd.index("TRAIN.BATCH_SIZE_PER_GPU=4")
+    if inside_slurm:
+        # Inside the allocation Open MPI reads the nodes from Slurm and starts its daemons with srun.
+        assert "--hostfile" not in cmd and "plm_rsh_args" not in mca
+    else:
+        assert cmd[cmd.index("--hostfile") + 1] == "/efs/logs/run1/hostfile"
+        assert "-p 2222" in mca["plm_rsh_args"] and "BatchMode=yes" in mca["plm_rsh_args"]
 
 
 def test_efa_adds_libfabric_provider_only_when_asked():

@@ -49,11 +49,27 @@ def _is_number(text: str) -> bool:
     return True
 
 
-def test_definitions_are_the_seed_ones():
-    assert len(metrics.METRIC_DEFINITIONS) == 22
-    got = {d["Name"]: d["Regex"] for d in metrics.METRIC_DEFINITIONS}
+# A progress line of a real run (docs/training.md), as training/callbacks.py ProgressLogger prints it.
+PROGRESS_LINE = ("step 1900/2000 epoch 8 | rpn_losses/label_loss=0.0165 ... total_cost=0.3308 | lr=0.00200 | "
+                 "19.03 images/s | elapsed 6m39s | ETA 0m21s")
+
+
+def test_definitions_are_the_example_ones_and_two_from_the_progress_line():
+    assert len(metrics.METRIC_DEFINITIONS) == 24
+    got = {d["Name"]: d["Regex"] for d in metrics.METRIC_DEFINITIONS[:22]}
     assert got == dict(EXAMPLE_METRIC_DEFINITIONS)
+    assert metrics.METRIC_DEFINITIONS[22:] == metrics.PROGRESS_METRIC_DEFINITIONS
     assert all(set(d) == {"Name", "Regex"} for d in metrics.METRIC_DEFINITIONS)
+    assert len(set(metrics.SAGEMAKER_METRIC_NAMES)) == 24
+
+
+def test_progress_definitions_read_the_progress_line_and_nothing_else():
+    captured = {d["Name"]: m.group(1) for d in metrics.METRIC_DEFINITIONS
+                if (m := re.match(d["Regex"], PROGRESS_LINE))}
+    assert captured == {metrics.IMAGES_PER_SECOND: "19.03", metrics.LEARNING_RATE: "0.00200"}
+    for name in metrics.METRIC_NAMES:   # no "name: value" line is a progress line
+        line = metrics.format_metric(name, 0.5)
+        assert not any(re.match(d["Regex"], line) for d in metrics.PROGRESS_METRIC_DEFINITIONS), line
 
 
 @pytest.mark.parametrize("name", metrics.METRIC_NAMES)

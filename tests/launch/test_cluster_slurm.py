@@ -1,0 +1,189 @@
+"""Cluster training runs as Slurm jobs, end to end on emulated hosts (tests/emulated_hosts.py).
+
+Real munged, slurmctld and slurmd (Debian's packages, installed by scripts/install.sh) run in three
+emulated nodes, each started by the image's entry `cluster-node` (docker/entrypoint.sh) as the boot
+script leaves a node: cluster.env, the munge key and the cluster key in /etc/maskrcnn, EFS at /efs
+(one directory shared by the hosts). A moto server in the master holds the two auto-scaling groups;
+the hosts take the private IPs moto gave their instances, and a node claims its Slurm name from them.
+
+On the master, `job submit` (launch/cluster/jobs.py) queues a run; Slurm starts launch/cluster/job.py
+in the allocation, which starts the ranks with mpirun inside it (Open MPI starts its daemons with srun:
+no SSH) and Horovod trains Mask R-CNN on synthetic data, one CPU rank per node. Then a worker dies
+mid-run (its processes killed, as when its machine goes): the job is requeued, the group replaces the
+instance (moto launches a new one at another IP; the dead host comes back at that IP as a new node),
+the replacement claims the dead node's Slurm name, and the next attempt resumes from the checkpoint on
+the same three ranks. `list`, `status`, `logs` and `stop` are the project's wrappers over squeue,
+the job-completion log and scancel.
+"""
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from test_cluster_emulated import (CREATE_GROUPS, EPOCHS, GROUPS, MAX_STEPS, MOTO_PORT, REPLACE_INSTANCE,
+                                   STEPS_PER_EPOCH, TRAINING, VPC_CIDR, _host_env, _readdress)
+
+REPO = Path(__file__).resolve().parents[2]
+ENTRYPOINT = REPO / "docker" / "entrypoint.sh"
+INSTANCE_ID = """
+import boto3, sys
+ec2 = boto3.client("ec2")
+r = ec2.describe_instances(Filters=[{"Name": "private-ip-address", "Values": [sys.argv[1]]},
+                                    {"Name": "instance-state-name", "Values": ["running"]}])
+print(r["Reservations"][0]["Instances"][0]["InstanceId"])
+"""
+
+# sshd (debugging access) starts only with the cluster key's authorized_keys in place.
+AUTHORIZED_KEY = ("ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHIcW3CK5mxq2vQFq8Ry0cYl+1dSaBDjm8x1/Yj6Wc6J "
+                  "maskrcnn-EmulatedCluster\n")
+
+pytestmark = pytest.mark.skipif(not Path("/usr/sbin/slurmctld").exists() or not Path("/usr/sbin/munged").exists(),
+                                reason="Slurm and munge are not installed (scripts/install.sh installs them)")
+
+
+def _aws(master_address: str, **extra) -> dict[str, str]:
+    return _host_env(AWS_ENDPOINT_URL=f"http://{master_address}:{MOTO_PORT}", **extra)
+
+
+def _install_node(host, *, role: str, instance_id: str, munge_key: bytes) -> None:
+    """/etc/maskrcnn as the boot script leaves it (the parts a Slurm node uses)."""
+    etc = host.path("/etc/maskrcnn")
+    etc.mkdir(parents=True, exist_ok=True)
+    (etc / "cluster.env").write_text(
+        f"STACK_NAME=EmulatedCluster\nAWS_REGION=us-east-1\nMASTER_ASG_NAME={GROUPS['master'][0]}\n"
+        f"WORKER_ASG_NAME={GROUPS['worker'][0]}\nWORKER_COUNT={GROUPS['worker'][1]}\nEFS_MOUNT=/efs\n"
+        f"SSH_PORT=2222\nVPC_CIDR={VPC_CIDR}\nROLE={role}\nINSTANCE_TYPE=c5.xlarge\nSLOTS=1\nNODE_CPUS=2\n"
+        f"HEALTH_CHECKS=0\nPRIVATE_IP={host.address}\nINSTANCE_ID={instance_id}\n")
+    (etc / "ssh").mkdir(mode=0o700, exist_ok=True)
+    (etc / "ssh" / "authorized_keys").write_text(AUTHORIZED_KEY)
+    (etc / "munge.key").write_bytes(munge_key)
+    (etc / "munge.key").chmod(0o400)
+
+
+def _start_node(host, env) -> subprocess.Popen:
+    log = open(host.path("/tmp") / "cluster-node.log", "w")
+    return host.popen(["bash", str(ENTRYPOINT), "cluster-node"], env=env, stdout=log, stderr=subprocess.STDOUT)
+
+
+def _sinfo(master, env) -> dict[str, str]:
+    out = master.run(["sinfo", "-h", "-N", "-o", "%N %t"], env=env, timeout=30).stdout
+    return dict(line.split() for line in out.splitlines() if line.strip())
+
+
+def _wait(predicate, timeout: float, what: str, poll: float = 1.0):
+    deadline = time.time() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        assert time.time() < deadline, f"timed out after {timeout} s waiting for {what}"
+        time.sleep(poll)
+
+
+def _job(master, env, *args, timeout=60) -> subprocess.CompletedProcess:
+    return master.run(["bash", str(ENTRYPOINT), "job", *args], env=env, timeout=timeout, cwd=str(REPO))
+
+
+def _runs(master, env) -> dict[str, dict]:
+    listed = _job(master, env, "list", "--json")
+    assert listed.returncode == 0, listed.stderr
+    return {r["run"]: r for r in json.loads(listed.stdout)}
+
+
+@pytest.fixture
+def slurm_cluster(emulated_hosts, tmp_path):
+    efs = tmp_path / "efs"
+    from training.data.synthetic import SyntheticSpec, generate
+    generate(efs / "data" / "coco", SyntheticSpec(train=12, val=3, size=96, max_object_size=48, seed=5))
+    (efs / "logs").mkdir()
+    hosts = emulated_hosts({"node-a": "10.0.2.201", "node-b": "10.0.2.202", "node-c": "10.0.2.203"},
+                           private=["/etc/maskrcnn", "/etc/slurm"], shared={"/efs": efs})
+    master = hosts["node-a"]
+    moto = master.popen([sys.executable, "-m", "moto.server", "-H", "0.0.0.0", "-p", str(MOTO_PORT)],
+                        env=_host_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    local = _host_env(AWS_ENDPOINT_URL=f"http://127.0.0.1:{MOTO_PORT}")
+    ping = f"import urllib.request; urllib.request.urlopen('http://127.0.0.1:{MOTO_PORT}/moto-api/', timeout=1)"
+    _wait(lambda: moto.poll() is None and master.run([sys.executable, "-c", ping], env=local).returncode == 0,
+          60, "moto in the master")
+    made = master.run([sys.executable, "-c", CREATE_GROUPS], env=local, timeout=120)
+    assert made.returncode == 0, made.stderr
+    ips = json.loads(made.stdout)
+    _readdress(master, ips["master"][0])
+    for host, ip in zip((hosts["node-b"], hosts["node-c"]), ips["worker"]):
+        _readdress(host, ip)
+    for host in hosts:
+        host.path("/etc/hosts").write_text(hosts.etc_hosts())
+    env = _aws(master.address)
+    munge_key = os.urandom(64)
+    for host in hosts:
+        instance = master.run([sys.executable, "-c", INSTANCE_ID, host.address], env=env, timeout=60)
+        assert instance.returncode == 0, instance.stderr
+        _install_node(host, role="master" if host is master else "worker", instance_id=instance.stdout.strip(),
+                      munge_key=munge_key)
+    nodes = {host.name: _start_node(host, env) for host in hosts}
+    _wait(lambda: sorted(_sinfo(master, env).items()) == [("master", "idle"), ("worker-1", "idle"),
+                                                         ("worker-2", "idle")], 90, "three idle Slurm nodes")
+    return hosts, efs, env, munge_key, nodes
+
+
+@pytest.mark.slow
+def test_a_run_is_a_slurm_job_that_is_requeued_and_resumes_after_a_worker_dies(slurm_cluster, tmp_path):
+    hosts, efs, env, munge_key, nodes = slurm_cluster
+    master = hosts["node-a"]
+    submitted = _job(master, env, "submit", "--run-name", "emulated", "--max-attempts", "3",
+                     "--stall-minutes", "5", *TRAINING)
+    assert submitted.returncode == 0, submitted.stdout + submitted.stderr
+    job_id = re.search(r"submitted run emulated as job (\d+)", submitted.stdout).group(1)
+    logdir = efs / "logs" / "emulated"
+    # A name in use is refused without --resume, before anything is queued.
+    again = _job(master, env, "submit", "--run-name", "emulated", *TRAINING)
+    assert again.returncode == 2 and "a run named emulated exists" in again.stderr
+    # The first epoch's checkpoint is written: kill a worker while the later epochs train.
+    state = logdir / "checkpoint"
+    _wait(lambda: state.exists() and f"model-{STEPS_PER_EPOCH}" in state.read_text(), 400,
+          "the first epoch's checkpoint", poll=0.2)
+    assert f"model-{MAX_STEPS}" not in state.read_text()
+    status = _job(master, env, "status", "emulated", "--json")
+    assert json.loads(status.stdout)[0]["state"] == "RUNNING", status.stdout + status.stderr
+    # Which host is worker-2 in Slurm: the one whose instance holds the claim.
+    victim = hosts["node-c"]
+    victim.stop()
+    # The group replaces the instance; the replacement boots as a node with a new instance id.
+    others = [h.address for h in hosts if h is not victim]
+    new = master.run([sys.executable, "-c", REPLACE_INSTANCE, victim.address, GROUPS["worker"][0], *others],
+                     env=env, timeout=60)
+    assert new.returncode == 0, new.stderr
+    _readdress(victim, new.stdout.strip())
+    for host in hosts:
+        host.path("/etc/hosts").write_text(hosts.etc_hosts())
+    instance = master.run([sys.executable, "-c", INSTANCE_ID, victim.address], env=env, timeout=60)
+    _install_node(victim, role="worker", instance_id=instance.stdout.strip(), munge_key=munge_key)
+    nodes[victim.name] = _start_node(victim, env)
+    # The next attempt runs to the end, resumed from the first epoch's checkpoint on three ranks.
+    _wait(lambda: f"model-{MAX_STEPS}" in state.read_text(), 600, "the run's last checkpoint", poll=1)
+    _wait(lambda: _runs(master, env).get("emulated", {}).get("state") == "COMPLETED", 120, "the job to complete")
+    logs = _job(master, env, "logs", "emulated").stdout
+    assert re.search(r"attempt 1 of job \d+ on 3 node\(s\)", logs), logs[-3000:]
+    assert re.search(r"attempt [2-3] of job \d+ on 3 node\(s\)", logs), logs[-3000:]
+    resumed = re.search(r"training on (\d+) rank\(s\), (\d+) image\(s\) per rank.*?(\d+) steps = "
+                        rf"{EPOCHS} epochs of (\d+); LR ([0-9.e-]+); resuming from \S+ at step (\d+)", logs)
+    assert resumed, logs[-5000:]
+    assert resumed.groups()[:4] == ("3", "2", str(MAX_STEPS), str(STEPS_PER_EPOCH))
+    assert int(resumed.group(6)) >= STEPS_PER_EPOCH
+    assert "training finished" in logs
+    assert _runs(master, env)["emulated"]["job_id"] == job_id
+
+    # Another run, stopped through the wrapper: scancel, and the job-completion log says CANCELLED.
+    second = _job(master, env, "submit", *TRAINING)
+    assert second.returncode == 0, second.stderr
+    name = re.search(r"submitted run (\S+) as job", second.stdout).group(1)
+    assert name.startswith("maskrcnn-") and name != "emulated"
+    stop = _job(master, env, "stop", name)
+    assert stop.returncode == 0, stop.stderr
+    _wait(lambda: _runs(master, env).get(name, {}).get("state", "").startswith("CANCELLED"), 180,
+          "the stopped run to be CANCELLED")

@@ -1,0 +1,66 @@
+"""The cluster's Slurm configuration and node names, as pure functions (the real daemons run with them in
+tests/launch/test_cluster_slurm.py). Expected values come from the behaviour the cluster promises: a
+vanished node noticed within a minute, SIGTERM to a stopped job with time to checkpoint before SIGKILL
+(SageMaker's 120 s is the bar), one fixed node list that a replacement instance rejoins."""
+from pathlib import Path
+
+import pytest
+
+from launch.aws import LaunchError
+from launch.cluster import slurm
+
+
+def _conf(**kwargs) -> dict[str, list[str]]:
+    text = slurm.slurm_conf(**{"cluster": "Team-A_Cluster", "controller_host": "ip-10-0-2-4",
+                               "controller_address": "10.0.2.4", "worker_count": 3, "cpus": 96,
+                               "state_dir": Path("/efs/s"), "job_log": Path("/efs/j"), "log_dir": Path("/efs/l"),
+                               **kwargs})
+    parsed: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        key, value = line.split("=", 1)
+        parsed.setdefault(key, []).append(value)
+    return parsed
+
+
+def test_the_configuration_promises_what_the_runbook_says():
+    conf = _conf()
+    assert conf["SlurmctldHost"] == ["ip-10-0-2-4(10.0.2.4)"]
+    assert conf["ClusterName"] == ["teamacluster"]                   # Slurm wants lower case, no punctuation
+    assert int(conf["SlurmdTimeout"][0]) <= 60                       # a vanished node: DOWN within a minute
+    assert 60 <= int(conf["KillWait"][0]) < 120                      # time to checkpoint after SIGTERM
+    assert conf["JobRequeue"] == ["1"] and conf["ReturnToService"] == ["2"]
+    assert "cloud_reg_addrs" in conf["SlurmctldParameters"][0] and "enable_configless" in conf["SlurmctldParameters"][0]
+    assert conf["HealthCheckProgram"] == [str(slurm.HEALTH_CHECK_PROGRAM)] and conf["Prolog"] == [str(slurm.PROLOG_PROGRAM)]
+    # The master and 3 workers, fixed names a replacement instance takes over.
+    assert conf["NodeName"] == ["master CPUs=96 State=CLOUD Weight=1", "worker-[1-3] CPUs=96 State=CLOUD Weight=2"]
+    assert conf["PartitionName"][0].startswith("train Nodes=master,worker-1,worker-2,worker-3 Default=YES")
+    assert "HealthCheckProgram" not in _conf(health_checks=False)
+
+
+def test_cgroup_conf_only_where_slurm_reads_those_keys():
+    assert slurm.cgroup_conf((21, 8)) is None          # Ubuntu 22.04's Slurm: no cgroup plugin needed, keys unknown
+    text = slurm.cgroup_conf((22, 5))
+    assert text.startswith("CgroupPlugin=cgroup/v") and "CgroupAutomount=no" in text
+
+
+def test_names_are_claimed_once_and_taken_over_from_instances_that_left(tmp_path):
+    live = {"i-m", "i-1", "i-2"}
+    alive = live.__contains__
+    names = tmp_path / "nodes"
+    assert slurm.claim_name(names, role="master", instance_id="i-m", worker_count=2, alive=alive) == slurm.Claim("master")
+    assert slurm.claim_name(names, role="worker", instance_id="i-1", worker_count=2, alive=alive).name == "worker-1"
+    assert slurm.claim_name(names, role="worker", instance_id="i-2", worker_count=2, alive=alive).name == "worker-2"
+    # A restarted container keeps its name.
+    assert slurm.claim_name(names, role="worker", instance_id="i-2", worker_count=2, alive=alive) == slurm.Claim("worker-2")
+    # A third worker while both are alive: the group is larger than the cluster's worker_count.
+    with pytest.raises(LaunchError, match="no free Slurm node name"):
+        slurm.claim_name(names, role="worker", instance_id="i-3", worker_count=2, alive=alive)
+    # i-1 left its group; its replacement takes over worker-1 and knows whom it replaces.
+    live.discard("i-1")
+    live.add("i-9")
+    assert slurm.claim_name(names, role="worker", instance_id="i-9", worker_count=2, alive=alive) == \
+        slurm.Claim("worker-1", replaces="i-1")
+    assert (names / "worker-1" / "instance").read_text().strip() == "i-9"
+    # A replaced master takes over the master's name whatever the old one's state.
+    assert slurm.claim_name(names, role="master", instance_id="i-m2", worker_count=2, alive=alive) == \
+        slurm.Claim("master", replaces="i-m")
