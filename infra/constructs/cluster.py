@@ -194,15 +194,22 @@ class GpuCluster(Construct):
             arn_format=ArnFormat.COLON_RESOURCE_NAME)
 
         # Slurm's authentication key (munge), the same on every node: random from Secrets Manager
-        # at creation, written to /etc/maskrcnn/munge.key by each node's boot.
+        # at creation, written to /etc/maskrcnn/munge.key by each node's boot. Named like the
+        # cluster key, so the roles can name it the same way.
+        self.munge_key_name = f"{stack.stack_name}-munge-key"
         self.munge_key = secretsmanager.Secret(
-            self, "MungeKey", description="munge key of the cluster's Slurm daemons",
+            self, "MungeKey", secret_name=self.munge_key_name,
+            description="munge key of the cluster's Slurm daemons",
             generate_secret_string=secretsmanager.SecretStringGenerator(
                 password_length=128, exclude_punctuation=True))
         acknowledge(
             self.munge_key, "AwsSolutions-SMG4",
             "munge authenticates the Slurm daemons inside the VPC for the cluster's lifetime; "
             "rotating it means restarting every node's daemons, i.e. redeploying the stack.")
+        munge_key_arn = stack.format_arn(
+            service="secretsmanager", resource="secret",
+            resource_name=f"{self.munge_key_name}-??????",
+            arn_format=ArnFormat.COLON_RESOURCE_NAME)
 
         self.master_address = (ec2.CfnEIP(self, "MasterAddress", domain="vpc")
                                if master_public else None)
@@ -222,7 +229,9 @@ class GpuCluster(Construct):
             role.add_to_policy(iam.PolicyStatement(
                 sid="ReadClusterKey", actions=["secretsmanager:GetSecretValue"],
                 resources=[cluster_key_arn]))
-            self.munge_key.grant_read(role)
+            role.add_to_policy(iam.PolicyStatement(
+                sid="ReadMungeKey", actions=["secretsmanager:GetSecretValue"],
+                resources=[munge_key_arn]))
         self.master_role.add_to_policy(iam.PolicyStatement(
             sid="PublishClusterKey", actions=["secretsmanager:PutSecretValue"],
             resources=[cluster_key_arn]))
@@ -242,7 +251,7 @@ class GpuCluster(Construct):
             "MASTER_ASG_NAME": self.master_group_name,
             "WORKER_ASG_NAME": self.worker_group_name,
             "CLUSTER_KEY_SECRET_ARN": self.cluster_key.secret_arn,
-            "MUNGE_KEY_SECRET_ARN": self.munge_key.secret_arn,
+            "MUNGE_KEY_SECRET_NAME": self.munge_key_name,
             "WORKER_COUNT": str(worker_count),
             "EFS_MOUNT": EFS_MOUNT,
             "NVME_MOUNT": NVME_MOUNT,

@@ -333,7 +333,7 @@ install_cluster_key() {
 
 install_munge_key() {  # Slurm's authentication key, the same on every node (launch/cluster/slurm.py)
   local key
-  key=$(aws secretsmanager get-secret-value --secret-id "$MUNGE_KEY_SECRET_ARN" \
+  key=$(aws secretsmanager get-secret-value --secret-id "$MUNGE_KEY_SECRET_NAME" \
           --query SecretString --output text) || return 1
   (umask 077 && printf '%s' "$key" > /etc/maskrcnn/munge.key)
   chmod 0400 /etc/maskrcnn/munge.key

@@ -163,8 +163,10 @@ def deploy_cluster(synth) -> tuple[dict[str, str], str]:
     for name in (outputs.NETWORK_STORAGE_STACK, CLUSTER):
         stack = deploy_to_moto(cloudformation, name, synth.templates[name])
         assert stack["StackStatus"] == "CREATE_COMPLETE"
-    secret_arn = boto3.client("secretsmanager").create_secret(
+    secrets = boto3.client("secretsmanager")
+    secret_arn = secrets.create_secret(
         Name=f"{CLUSTER}-cluster-key", SecretString="generated-placeholder")["ARN"]
+    secrets.create_secret(Name=f"{CLUSTER}-munge-key", SecretString="generated-munge-key")
     return {o["OutputKey"]: o["OutputValue"] for o in stack["Outputs"]}, secret_arn
 
 

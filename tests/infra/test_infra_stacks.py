@@ -564,7 +564,7 @@ def test_user_data_writes_the_node_contract(default_synth, prefix, role):
                      "/etc/maskrcnn/hostfile", "/etc/maskrcnn/ssh", "secretsmanager",
                      "nfsvers=4.1,rsize=1048576,wsize=1048576,hard,timeo=600,retrans=2",
                      "/etc/fstab", "no-agent-forwarding", "/usr/local/bin/maskrcnn-job",
-                     "maskrcnn-entrypoint job", "MUNGE_KEY_SECRET_ARN", "/etc/maskrcnn/munge.key"):
+                     "maskrcnn-entrypoint job", "MUNGE_KEY_SECRET_NAME", "/etc/maskrcnn/munge.key"):
         assert fragment in text, fragment
     assert "aws ecr get-login " not in text and "ForwardAgent" not in text
 
@@ -629,8 +629,9 @@ def test_name_prefix_separates_a_second_deployment(default_synth, variant_synth)
     names = {g["Properties"]["AutoScalingGroupName"]
              for g in variant_synth.resources(CLUSTER, "AWS::AutoScaling::AutoScalingGroup").values()}
     assert names == {f"team-a-{CLUSTER}-master", f"team-a-{CLUSTER}-worker"}
-    (secret,) = variant_synth.resources(CLUSTER, "AWS::SecretsManager::Secret").values()
-    assert secret["Properties"]["Name"] == f"team-a-{CLUSTER}-cluster-key"
+    named = {s["Properties"]["Name"]
+             for s in variant_synth.resources(CLUSTER, "AWS::SecretsManager::Secret").values()}
+    assert named == {f"team-a-{CLUSTER}-cluster-key", f"team-a-{CLUSTER}-munge-key"}
     imports = re.findall(r'"Fn::ImportValue": "([^"]+)"', json.dumps(cluster))
     assert imports and all(name.startswith(f"team-a-{SHARED}") for name in imports)
     exports = [o["Export"]["Name"] for o in variant_synth.templates[SHARED]["Outputs"].values()
@@ -638,19 +639,25 @@ def test_name_prefix_separates_a_second_deployment(default_synth, variant_synth)
     assert exports and all(name.startswith(f"team-a-{SHARED}") for name in exports)
 
 
-def test_only_the_master_may_publish_the_cluster_key(default_synth):
-    (secret,) = default_synth.resources(CLUSTER, "AWS::SecretsManager::Secret").values()
-    name = secret["Properties"]["Name"]
-    assert name == f"{CLUSTER}-cluster-key"
+def test_only_the_master_may_publish_the_cluster_key_and_every_node_reads_the_munge_key(
+        default_synth):
+    names = {s["Properties"]["Name"]
+             for s in default_synth.resources(CLUSTER, "AWS::SecretsManager::Secret").values()}
+    key, munge = f"{CLUSTER}-cluster-key", f"{CLUSTER}-munge-key"
+    assert names == {key, munge}
     for prefix, may_write in (("ClusterMasterRole", True), ("ClusterWorkerRole", False)):
         policy = policy_of(default_synth, CLUSTER, prefix)
         on_secret = [s for s in policy if any(a.startswith("secretsmanager:")
                                               for a in actions(s))]
-        granted = {a for s in on_secret for a in actions(s)}
-        assert granted == ({"secretsmanager:GetSecretValue", "secretsmanager:PutSecretValue"}
-                           if may_write else {"secretsmanager:GetSecretValue"})
-        for statement in on_secret:   # exactly this secret: its name plus the 6-character suffix
-            assert json.dumps(statement["Resource"]).endswith(f':secret:{name}-??????"]]}}')
+        granted = {}
+        for statement in on_secret:   # exactly one secret: its name plus the 6-character suffix
+            (name,) = [n for n in names
+                       if json.dumps(statement["Resource"]).endswith(f':secret:{n}-??????"]]}}')]
+            granted.setdefault(name, set()).update(actions(statement))
+        assert granted == {
+            key: ({"secretsmanager:GetSecretValue", "secretsmanager:PutSecretValue"}
+                  if may_write else {"secretsmanager:GetSecretValue"}),
+            munge: {"secretsmanager:GetSecretValue"}}
 
 
 def test_cluster_outputs(default_synth, ssh_synth):

@@ -12,6 +12,7 @@ from infra import outputs
 from launch.aws import LaunchError
 from launch.sagemaker import launcher
 from launch.sagemaker.launcher import JobSpec
+from training.cloudwatch_metrics import TENSORBOARD_DIR_ENV
 from training.metrics import METRIC_DEFINITIONS
 
 
@@ -30,7 +31,9 @@ def test_start_sends_the_full_request(sagemaker_env):
     assert body["AlgorithmSpecification"]["TrainingImage"] == STACK_OUTPUTS[outputs.TRAINING_IMAGE_URI]
     assert body["AlgorithmSpecification"]["TrainingInputMode"] == "File"
     assert body["AlgorithmSpecification"]["MetricDefinitions"] == METRIC_DEFINITIONS
-    assert len(body["AlgorithmSpecification"]["MetricDefinitions"]) == 22
+    # Every loss, images/s, the learning rate and each mAP (training/metrics.py).
+    assert {"images/s", "learning_rate"} <= {
+        d["Name"] for d in body["AlgorithmSpecification"]["MetricDefinitions"]}
     assert body["RoleArn"] == STACK_OUTPUTS[outputs.TRAINING_ROLE_ARN]
     assert body["ResourceConfig"] == {"InstanceType": "ml.p4d.24xlarge", "InstanceCount": 4, "VolumeSizeInGB": 100}
     assert body["StoppingCondition"] == {"MaxRuntimeInSeconds": 400000}
@@ -48,7 +51,13 @@ def test_start_sends_the_full_request(sagemaker_env):
     }
     assert "EnableManagedSpotTraining" not in body or body["EnableManagedSpotTraining"] is False
     assert "CheckpointConfig" not in body
-    assert re.fullmatch(r"maskrcnn-\d{8}-\d{6}-[0-9a-f]{4}", body["Environment"][launcher.RUN_NAME_ENV])
+    run = body["Environment"][launcher.RUN_NAME_ENV]
+    assert re.fullmatch(r"maskrcnn-\d{8}-\d{6}-[0-9a-f]{4}", run)
+    # TensorBoard events go where SageMaker uploads them from while the job runs, per run.
+    assert body["Environment"][TENSORBOARD_DIR_ENV] == "/opt/ml/output/tensorboard"
+    assert body["TensorBoardOutputConfig"] == {
+        "LocalPath": "/opt/ml/output/tensorboard",
+        "S3OutputPath": f"s3://maskrcnn-data-bucket/maskrcnn/output/tensorboard/{run}"}
     # moto recorded the job: describe works through the companion command.
     assert launcher.describe_job(body["TrainingJobName"], session)["TrainingJobName"] == body["TrainingJobName"]
 
@@ -64,7 +73,7 @@ def test_spot_resumes_from_the_run_directory_on_efs(sagemaker_env):
     assert body["EnableManagedSpotTraining"] is True
     assert body["StoppingCondition"] == {"MaxRuntimeInSeconds": 3600, "MaxWaitTimeInSeconds": 7200}
     assert "CheckpointConfig" not in body
-    assert body["Environment"] == {launcher.RUN_NAME_ENV: "coco-24ep"}
+    assert body["Environment"][launcher.RUN_NAME_ENV] == "coco-24ep"
     log = [c for c in body["InputDataConfig"] if c["ChannelName"] == "log"][0]
     assert log["DataSource"]["FileSystemDataSource"]["FileSystemAccessMode"] == "rw"
     # Defaults where neither the user nor the stack says otherwise.
@@ -82,7 +91,7 @@ def test_every_new_job_gets_its_own_run_and_only_a_named_run_is_continued(sagema
     assert first != second and first.startswith("maskrcnn-") and second.startswith("maskrcnn-")
     assert all("CheckpointConfig" not in r for r in requests)
     again = launcher.start_job(JobSpec(run_name=first), session=session, dry_run=True)
-    assert again["Environment"] == {launcher.RUN_NAME_ENV: first}
+    assert again["Environment"][launcher.RUN_NAME_ENV] == first
     assert launcher.main(["start", "--run-name", first]) == 0   # the CLI says how to continue a run
     assert f"--run-name {first}" in capsys.readouterr().out
 
