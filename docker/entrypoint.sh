@@ -4,9 +4,6 @@
 #   cluster-node         EC2 cluster node: the Slurm daemons (munged, slurmd; slurmctld on the
 #                        master) and sshd on $SSH_PORT with the cluster key
 #   job ARGS             on the master: training runs as Slurm jobs (submit, status, logs, stop, list)
-#   cluster-train ARGS   on the master: health-check nodes over SSH, start training over the healthy ones
-#   cluster-health       on the master: the per-node health table
-#   hostfile             on the master: print the hostfile of the InService nodes
 #   anything else        run as a command (e.g. bash)
 set -euo pipefail
 
@@ -60,8 +57,5 @@ case "$command" in
   train)          exec python -m launch.sagemaker.entry "$@" ;;
   cluster-node)   cluster_node ;;
   job)            exec python -m launch.cluster.jobs --cluster-env "$CLUSTER_DIR/cluster.env" "$@" ;;
-  cluster-train)  exec python -m launch.cluster.run "$@" ;;
-  cluster-health) exec python -m launch.cluster.health "$@" ;;
-  hostfile)       exec python -m launch.cluster.hostfile "$@" ;;
   *)              exec "$command" "$@" ;;
 esac

@@ -1,8 +1,8 @@
 """The estimated cost of a finished training run, from the prices recorded in
 infra/instance_types.py: EC2 types in INSTANCE_TYPES, SageMaker ml.* types in SAGEMAKER_PRICES.
 
-One computation (:func:`estimate`) behind both cost lines: the cluster run's (launch/cluster/run.py:
-the run's nodes x its wall time) and a finished SageMaker job's (launch/sagemaker/launcher.py: its
+One computation (:func:`estimate`) behind both cost lines: a cluster run's (launch/cluster/jobs.py:
+its job's nodes x the time each attempt held them) and a finished SageMaker job's (launch/sagemaker/launcher.py: its
 billable seconds x its instance count). Always an estimate: on-demand list prices of us-east-1,
 without storage, data transfer, or spot and savings-plan discounts.
 """

@@ -31,7 +31,6 @@ os.environ["AWS_CONFIG_FILE"] = os.devnull
 # waits time out, and a harness leaves shared mount points in place while another harness is live.
 WHOLE_MACHINE_FILES = frozenset({
     "tests/test_emulated_hosts.py",
-    "tests/launch/test_cluster_emulated.py",
     "tests/launch/test_cluster_slurm.py",
     "tests/launch/test_sagemaker_multihost.py",
     "tests/script_mode/test_sagemaker_mpi_emulated.py",

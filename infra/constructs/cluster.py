@@ -300,7 +300,7 @@ class GpuCluster(Construct):
             "SSM Session Manager is how users reach the nodes when no ssh_cidr is set. AWS "
             "maintains this policy as the minimum the SSM agent needs; a copy would drift from "
             "the agent's requirements.")
-        # Node discovery for the hostfile (boot script and launch/cluster in the container):
+        # Node discovery (the boot script's node registry, Slurm node names, the idle check):
         # these Describe calls have no resource-level scoping.
         role.add_to_policy(iam.PolicyStatement(
             sid="DiscoverClusterNodes",

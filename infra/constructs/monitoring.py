@@ -127,7 +127,8 @@ class ClusterMonitoring(Construct):
             "RunFailed", m.RUN_FAILED, action, name="run-failed",
             description="A training run stopped on an error before the end of its schedule. Read the "
                         "error in <EFS>/logs/<run name>/log.log (log stream <master id>/training.log of "
-                        "the node log group); the same command continues from the latest checkpoint.")
+                        "the node log group); `maskrcnn-job submit --run-name <run name> --resume` continues "
+                        "from the latest checkpoint.")
         self.loss_not_finite = self._count_alarm(
             "LossNotFinite", m.LOSS_NOT_FINITE, action, name="loss-not-finite",
             description="A training step's total loss was NaN or infinite: the weights may be "
@@ -154,10 +155,10 @@ class ClusterMonitoring(Construct):
             alarm_description=(
                 f"A training run started and has written no heartbeat for {stall_minutes} minutes "
                 "without a last record: it hangs (a rank stuck in a collective, a dead data worker) "
-                "or died (killed, out of memory, its node gone). Check the nodes (dashboard GPU "
-                "utilization, sudo maskrcnn-train --dry-run on the master), stop the run and start it "
-                "again: it continues from its latest checkpoint. An evaluation or checkpoint longer "
-                "than this also counts: raise stall_alarm_minutes then."))
+                "or died (killed, out of memory, its node gone). The job's step watchdog requeues it "
+                "after its --stall-minutes, from the latest checkpoint; check the nodes (dashboard "
+                "GPU utilization, `sinfo -R` on the master) if it recurs. An evaluation or "
+                "checkpoint longer than this also counts: raise stall_alarm_minutes then."))
         self.stalled.add_alarm_action(action)
 
         alerts = _Alerts(self, "Alerts", topic=topic)
@@ -171,8 +172,8 @@ class ClusterMonitoring(Construct):
             message=events.RuleTargetInput.from_text(
                 f"Cluster node {detail('$.detail.EC2InstanceId')} of {detail('$.detail.AutoScalingGroupName')} "
                 f"was terminated and its group launches a replacement. Cause: {detail('$.detail.Cause')} "
-                "A running training job stops at its next collective; the cluster launcher resumes it "
-                "from the latest checkpoint on the new node (docs/launch.md)."))
+                "Slurm requeues a job that ran on it; the job resumes from its latest checkpoint once "
+                "the new node has joined and passed its health checks (docs/launch.md)."))
 
         self.dashboard = cloudwatch.Dashboard(
             self, "Dashboard", dashboard_name=f"{self.deployment}-training",

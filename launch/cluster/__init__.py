@@ -1,2 +1,4 @@
-"""The EC2 cluster path, run on the master node: discover nodes (hostfile), check them (health),
-start Horovod over the healthy ones with resume (run); the launch flags live in launch_command."""
+"""The EC2 cluster path, run in each node's container: the Slurm daemons and their configuration
+(slurm), node health checks (node_health), training runs as Slurm jobs (jobs: the user's command;
+job: the body of each attempt), idle scale-down and capacity (idle, capacity); the mpirun flags live
+in launch_command."""

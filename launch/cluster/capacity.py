@@ -97,8 +97,8 @@ STATE_TEXT = {
     "pausing": "pausing: the nodes are terminating",
     "running": "running: every node is InService",
     "starting": "starting: nodes are launching (a GPU node boots and pulls the image in ~10-15 min)",
-    "workers-scaled-down": "workers scaled down (idle): the master runs; the next maskrcnn-train, "
-                           "or `resume`, starts the workers",
+    "workers-scaled-down": "workers scaled down (idle): the master runs; the next `maskrcnn-job "
+                           "submit`, or `resume`, starts the workers",
     "partial": "partly scaled: the groups are between pause and resume",
 }
 
@@ -133,6 +133,16 @@ def resume(session: boto3.session.Session, groups: list[GroupState]) -> list[tup
             set_desired(session, group, group.max_size)
             changed.append((group, group.max_size))
     return changed
+
+
+def scale_up_workers(session: boto3.session.Session, groups: list[GroupState]) -> GroupState | None:
+    """Sets the worker group back to its MaxSize (the configured size) when it is below it (scaled
+    down while idle); the group when it did."""
+    worker = next((g for g in groups if g.role == "worker"), None)
+    if worker is None or worker.desired >= worker.max_size:
+        return None
+    set_desired(session, worker, worker.max_size)
+    return worker
 
 
 def launch_suspended(groups: list[GroupState]) -> list[GroupState]:
@@ -231,7 +241,7 @@ def main(argv: list[str] | None = None, *, clock=time.monotonic, sleep=time.slee
     resume_cmd = sub.add_parser("resume", parents=[common], help="each group back to its configured size")
     resume_cmd.add_argument("--wait", action="store_true",
                             help="wait until every instance is InService (its boot and image pull "
-                                 "take ~10-15 min more; maskrcnn-train waits for healthy nodes)")
+                                 "take ~10-15 min more; a queued job starts once they pass their health checks)")
     resume_cmd.add_argument("--timeout", type=float, default=WAIT_TIMEOUT_S,
                             help="seconds --wait waits at most")
     a = p.parse_args(argv)
@@ -262,7 +272,7 @@ def main(argv: list[str] | None = None, *, clock=time.monotonic, sleep=time.slee
             groups = wait_in_service(session, names, timeout_s=a.timeout, clock=clock, sleep=sleep)
             print(status_text(stack_name, groups))
         print("the nodes boot and pull the training image (~10-15 min for a GPU node); "
-              "maskrcnn-train on the master waits until they are healthy")
+              "a queued job starts once they have joined Slurm and passed their health checks")
         return 0
     except LaunchError as err:
         print(f"error: {err}", file=sys.stderr)

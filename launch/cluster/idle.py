@@ -5,14 +5,15 @@ every minute in the training container:
 
     docker exec maskrcnn python -m launch.cluster.idle
 
-A training job is running when either
-  - a run holds the run lock (:func:`training_lock`: `maskrcnn-train`, launch/cluster/run.py, holds
-    it shared from before it scales the workers up until it exits; the kernel releases it with the
-    process, so a run that was killed leaves nothing stale), or
+The cluster is busy when either
+  - Slurm has a job in its queue (``squeue``: pending, running or requeued; a job waiting for the
+    workers to come back counts too), or Slurm cannot be asked (slurmctld down: nothing is scaled
+    down on a guess), or
   - a training process runs in the master's container (mpirun, horovodrun or `python -m
-    training.train`, also when started by hand rather than by `maskrcnn-train`).
-The check holds the same lock exclusively while it decides and scales, so a run that starts in that
-moment waits the few seconds until the check is done, then scales the workers back up itself.
+    training.train` started by hand, outside Slurm).
+`maskrcnn-job submit` holds the run lock (:func:`training_lock`) shared while it queues a job and
+scales the workers up; the check holds it exclusively while it decides and scales, so a job queued
+in that moment is either seen by the check or scales the workers back up after it.
 
 The idle time is kept in <EFS>/.maskrcnn/<stack>/idle.json, so a restarted container or a replaced
 master continues the count. It counts only over consecutive checks that saw the workers up and no
@@ -37,16 +38,16 @@ import boto3
 
 from launch.aws import LaunchError
 from launch.cluster import capacity
-from launch.cluster.hostfile import CLUSTER_ENV, read_cluster_env
+from launch.cluster.node_env import CLUSTER_ENV, read_cluster_env
 
-# In the master's container, where both `maskrcnn-train` and this check run (docker exec).
+# In the master's container, where both `maskrcnn-job submit` and this check run (docker exec).
 RUN_LOCK = "/tmp/maskrcnn-training.lock"
 STATE_NAME = "idle.json"
 # The timer fires every minute; a longer silence means no check ran (the master was off).
 MAX_GAP_S = 5 * 60
 TRAINING_PROGRAMS = frozenset({"mpirun", "mpiexec", "orterun", "prterun", "orted", "prted",
                                "horovodrun"})
-TRAINING_MODULES = frozenset({"training.train", "launch.cluster.run"})
+TRAINING_MODULES = frozenset({"training.train"})
 
 
 def _open_lock(path: str) -> int:
@@ -55,9 +56,9 @@ def _open_lock(path: str) -> int:
 
 @contextlib.contextmanager
 def training_lock(path: str | None = None) -> Iterator[None]:
-    """Held by a training run for as long as it runs: the idle check never scales the workers
-    down under it. Shared, so that several runs (a dry run beside a real one) do not wait for each
-    other; it waits only while an idle check holds it (seconds)."""
+    """Held while a job is queued and the workers scaled up: the idle check does not decide in
+    between. Shared, so that two submits do not wait for each other; it waits only while an idle
+    check holds it (seconds)."""
     fd = _open_lock(path or RUN_LOCK)
     try:
         fcntl.flock(fd, fcntl.LOCK_SH)
@@ -105,6 +106,15 @@ def training_processes(proc_root: str = "/proc") -> list[str]:
     return found
 
 
+def slurm_jobs() -> list[str]:
+    """The jobs in Slurm's queue, as "NAME (STATE)"; one entry saying so when Slurm does not answer."""
+    from launch.cluster.jobs import queue   # jobs imports this module for the lock
+    try:
+        return [f"Slurm job {j['job_id']} {j['name']} ({j['state']})" for j in queue()]
+    except LaunchError as err:
+        return [f"Slurm did not answer ({err})"]
+
+
 def idle_minutes(env: dict[str, str]) -> int:
     raw = env.get("IDLE_SCALEDOWN_MINUTES", "0").strip() or "0"
     try:
@@ -146,9 +156,10 @@ def write_state(path: Path, state: dict) -> None:
 
 
 def check(session: boto3.session.Session, env: dict[str, str], *, now: float,
-          lock_path: str | None = None, proc_root: str = "/proc") -> str:
+          lock_path: str | None = None, proc_root: str = "/proc", jobs=slurm_jobs) -> str:
     """One idle check at time ``now`` (seconds since the epoch); scales the worker group to 0 when
-    it has been idle long enough. Returns what it found, for the log."""
+    it has been idle long enough. ``jobs()`` lists what keeps the cluster busy (Slurm's queue).
+    Returns what it found, for the log."""
     minutes = idle_minutes(env)
     if minutes == 0:
         return "idle scale-down is off (IDLE_SCALEDOWN_MINUTES=0)"
@@ -158,12 +169,11 @@ def check(session: boto3.session.Session, env: dict[str, str], *, now: float,
     path = state_file(env)
     with _check_lock(lock_path or RUN_LOCK) as no_run:
         state = read_state(path)
-        jobs = training_processes(proc_root) if no_run else []
-        if not no_run or jobs:
+        busy = (jobs() + training_processes(proc_root)) if no_run else ["a job is being submitted"]
+        if busy:
             write_state(path, {**state, "last_check": now, "idle_since": None,
                                "workers_desired": None})
-            return ("a training job is running (" + ("maskrcnn-train holds the run lock" if not no_run
-                                                     else jobs[0]) + "): not idle")
+            return f"busy ({busy[0]}): not idle"
         (group,) = capacity.describe_groups(session, {"worker": worker})
         if group.desired == 0:
             write_state(path, {**state, "last_check": now, "idle_since": None, "workers_desired": 0})
@@ -182,7 +192,7 @@ def check(session: boto3.session.Session, env: dict[str, str], *, now: float,
         write_state(path, {**state, "last_check": now, "idle_since": None, "workers_desired": 0,
                            "scaled_down_at": now})
         return (f"scaled the worker group {worker} from {group.desired} to 0 nodes after "
-                f"{idle_s / 60:.0f} min without a training job; the next maskrcnn-train scales it "
+                f"{idle_s / 60:.0f} min without a training job; the next `maskrcnn-job submit` scales it "
                 f"back up")
 
 

@@ -56,7 +56,7 @@ from pathlib import Path
 from typing import Any
 
 from launch.aws import LaunchError
-from launch.cluster.hostfile import CLUSTER_ENV, read_cluster_env
+from launch.cluster.node_env import CLUSTER_ENV, read_cluster_env
 
 IMDS_ENDPOINT_ENV = "AWS_EC2_METADATA_SERVICE_ENDPOINT"
 DEFAULT_IMDS_ENDPOINT = "http://169.254.169.254"

@@ -24,12 +24,16 @@ import re
 import subprocess
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 
+import boto3
+
 from infra.instance_types import INSTANCE_TYPES
+from launch import cost
 from launch.aws import LaunchError
-from launch.cluster import slurm
-from launch.cluster.hostfile import CLUSTER_ENV, read_cluster_env
+from launch.cluster import capacity, idle, slurm
+from launch.cluster.node_env import CLUSTER_ENV, read_cluster_env
 from launch.cluster.stage import choose_data
 from launch.run_names import check_run_name, new_run_name
 
@@ -96,9 +100,25 @@ def submit(env: dict[str, str], *, run_name: str | None, resume: bool, overrides
     argv = ["sbatch", "--parsable", f"--job-name={name}", f"--nodes={count}", f"--ntasks-per-node={per_node}",
             "--exclusive", "--requeue", "--open-mode=append", f"--output={logdir}/slurm-%j.out",
             f"--chdir={Path(__file__).resolve().parents[2]}", "--wrap", " ".join(_quote(a) for a in body)]
-    job_id = _slurm(argv, what="sbatch").strip().split(";")[0]
-    (logdir / "job_id").write_text(job_id + "\n")
+    with idle.training_lock():   # the idle check sees this job, or scales down before the scale-up below
+        job_id = _slurm(argv, what="sbatch").strip().split(";")[0]
+        (logdir / "job_id").write_text(job_id + "\n")
+        _scale_up_workers(env)
     return name, job_id
+
+
+def _scale_up_workers(env: dict[str, str]) -> None:
+    """The workers back to the configured count when the idle check scaled them to zero: the job
+    pends until their nodes have booted and registered with Slurm."""
+    if not env.get("WORKER_ASG_NAME"):
+        return
+    session = boto3.session.Session(region_name=env.get("AWS_REGION"))
+    worker = capacity.scale_up_workers(session, capacity.describe_groups(
+        session, {"worker": env["WORKER_ASG_NAME"]}))
+    if worker is not None:
+        print(f"scaling the worker group {worker.name} from {worker.desired} to {worker.max_size} node(s) "
+              f"(it was scaled down while idle); the job starts once they have booted and passed their "
+              f"health checks (a GPU node takes ~10-15 min)", flush=True)
 
 
 def _quote(arg: str) -> str:
@@ -147,6 +167,19 @@ def runs(env: dict[str, str]) -> list[dict]:
                        "nodes": job.get("nodes", 0), "step": heartbeat_step(str(logdir)),
                        "logdir": str(logdir)})
     return result
+
+
+def run_cost(env: dict[str, str], name: str) -> str | None:
+    """The run's estimated cost so far: every attempt of its jobs in the job-completion log, its
+    nodes for its start-to-end time (the job holds the nodes exclusively), at the instance type's
+    price. None before an attempt has ended."""
+    attempts = [j for j in finished(env) if j["name"] == name and j["nodes"] > 0 and j["start"] and j["end"]]
+    if not attempts:
+        return None
+    node_seconds = sum(j["nodes"] * (datetime.fromisoformat(j["end"]) - datetime.fromisoformat(j["start"]))
+                       .total_seconds() for j in attempts)
+    nodes = attempts[-1]["nodes"]         # the job asks for a fixed count: every attempt has it
+    return cost.estimate(env.get("INSTANCE_TYPE", "unknown"), nodes, node_seconds / nodes).line()
 
 
 def wait_for(env: dict[str, str], job_id: str, *, poll_s: float = 15.0) -> str:
@@ -214,6 +247,7 @@ def main(argv: list[str] | None = None) -> int:
             if a.wait:
                 state = wait_for(env, job_id)
                 print(f"run {name} (job {job_id}) ended: {state}")
+                print(run_cost(env, name) or "estimated cost: the job never started")
                 return 0 if state == "COMPLETED" else 1
         elif a.command == "status":
             jobs = [_job_of(env, a.run)] if a.run else queue()
@@ -222,6 +256,8 @@ def main(argv: list[str] | None = None) -> int:
             for j in [] if a.json else jobs:
                 print(f"{j['name']}  job {j['job_id']}  {j['state']}  {j['nodes']} node(s) {j['nodelist']}"
                       + (f"  ({j['reason']})" if j.get("reason") not in (None, "", "None") else ""))
+            if a.run and not a.json and run_cost(env, a.run):
+                print(f"{run_cost(env, a.run)} (the attempts that ended)")
         elif a.command == "logs":
             logdir = logdir_of(env, a.run)
             outs = sorted(logdir.glob("slurm-*.out"), key=lambda f: f.stat().st_mtime)

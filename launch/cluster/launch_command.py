@@ -1,6 +1,6 @@
 """The one place that states how a multi-node Horovod job is started: mpirun flags, the NCCL/EFA and
-Horovod environment, and the training command. The EC2 cluster run (launch/cluster/run.py) uses
-:func:`mpirun_command`; the SageMaker entry passes :func:`horovod_env` on to its MPI runner.
+Horovod environment, and the training command. The EC2 cluster's Slurm job (launch/cluster/job.py)
+uses :func:`mpirun_in_allocation`; the SageMaker entry passes :func:`horovod_env` on to its MPI runner.
 
 Why these flags:
 - ``-bind-to none -map-by slot``: one rank per GPU slot, no CPU pinning (the data loader's threads
@@ -22,12 +22,8 @@ Why these flags:
 from __future__ import annotations
 
 import shlex
-import sys
 from collections.abc import Collection
-from dataclasses import dataclass
 
-DEFAULT_SSH_PORT = 2222
-DEFAULT_SSH_KEY = "/etc/maskrcnn/ssh/id_ed25519"
 EXCLUDED_INTERFACES = ("lo", "docker0")
 
 # Horovod tensor fusion: the values AWS's DLAMI cluster example (awslabs/deeplearning-cfn) used for
@@ -52,17 +48,6 @@ MPI_MCA = {"mpi_yield_when_idle": "1"}
 
 # Variables every rank needs from the launching shell.
 PASSED_THROUGH = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "TF_USE_LEGACY_KERAS", "TF_CPP_MIN_LOG_LEVEL")
-
-
-@dataclass(frozen=True)
-class Node:
-    """One host of the job and how many ranks it runs (its GPU count; 1 on a CPU node)."""
-    address: str
-    slots: int
-
-    def __post_init__(self):
-        if self.slots < 1:
-            raise ValueError(f"node {self.address} has {self.slots} slots; every node needs at least 1")
 
 
 def efa_rdma_read(instance_type: str) -> bool:
@@ -105,11 +90,6 @@ def mca_env() -> dict[str, str]:
     return {f"OMPI_MCA_{key}": value for key, value in MPI_MCA.items()}
 
 
-def hostfile_text(nodes: list[Node]) -> str:
-    """OpenMPI hostfile: ``<address> slots=<n>`` per node, master first (it gets rank 0)."""
-    return "".join(f"{n.address} slots={n.slots}\n" for n in nodes)
-
-
 def train_command(*, logdir: str, data_dir: str, overrides: list[str], python: str = "python") -> list[str]:
     """``python -m training.train`` with the data directory and the user's KEY=VALUE overrides.
 
@@ -117,13 +97,6 @@ def train_command(*, logdir: str, data_dir: str, overrides: list[str], python: s
     """
     return [python, "-m", "training.train", "--logdir", logdir,
             "--config", f"DATA.BASEDIR={data_dir}", *overrides]
-
-
-def ssh_args(*, port: int = DEFAULT_SSH_PORT, key: str = DEFAULT_SSH_KEY) -> str:
-    # Host keys are generated when each node's container starts, so they cannot be pinned ahead;
-    # nodes are reachable only inside the cluster's security group, with the cluster key.
-    return (f"-p {port} -i {key} -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null "
-            f"-o LogLevel=ERROR -o BatchMode=yes")
 
 
 # TCP keepalive on mpirun's connections to the other nodes' Open MPI daemons (10 s idle, then 3
@@ -156,17 +129,6 @@ def _mpirun(ranks: int, placement: list[str], train: list[str], *, efa: bool,
     return cmd + train
 
 
-def mpirun_command(nodes: list[Node], *, hostfile: str, train: list[str], efa: bool = False,
-                   instance_types: Collection[str] = (),
-                   ssh_port: int = DEFAULT_SSH_PORT, ssh_key: str = DEFAULT_SSH_KEY) -> list[str]:
-    """The full ``mpirun`` argv for ``nodes`` (whose hostfile is at ``hostfile``), started over SSH."""
-    if not nodes:
-        raise ValueError("no nodes to run on")
-    return _mpirun(sum(n.slots for n in nodes),
-                   ["--hostfile", hostfile, "-mca", "plm_rsh_args", ssh_args(port=ssh_port, key=ssh_key)],
-                   train, efa=efa, instance_types=instance_types)
-
-
 def mpirun_in_allocation(*, ranks: int, train: list[str], efa: bool = False,
                          instance_types: Collection[str] = ()) -> list[str]:
     """``mpirun`` inside a Slurm job: Open MPI reads the nodes and slots from the allocation and
@@ -178,24 +140,3 @@ def mpirun_in_allocation(*, ranks: int, train: list[str], efa: bool = False,
 
 def format_command(argv: list[str]) -> str:
     return " ".join(shlex.quote(a) for a in argv)
-
-
-if __name__ == "__main__":  # print the command for a hand-written hostfile: python -m launch.cluster.launch_command
-    import argparse
-
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--hostfile", required=True)
-    p.add_argument("--logdir", required=True)
-    p.add_argument("--data-dir", default="/efs/data/coco")
-    p.add_argument("--efa", action="store_true")
-    p.add_argument("--instance-type", help="the nodes' type, e.g. p4d.24xlarge (EFA RDMA read where it has it)")
-    p.add_argument("overrides", nargs="*")
-    a = p.parse_args()
-    with open(a.hostfile) as f:
-        parsed = [line.split() for line in f if line.strip() and not line.startswith("#")]
-    ns = [Node(parts[0], int(parts[1].split("=")[1]) if len(parts) > 1 else 1) for parts in parsed]
-    print(format_command(mpirun_command(ns, hostfile=a.hostfile, efa=a.efa,
-                                      instance_types=[a.instance_type] if a.instance_type else [],
-                                      train=train_command(
-        logdir=a.logdir, data_dir=a.data_dir, overrides=a.overrides))))
-    sys.exit(0)

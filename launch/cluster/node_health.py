@@ -56,7 +56,7 @@ from launch.aws import LaunchError
 from launch.cluster import node_checks as nc
 from launch.cluster.all_reduce import (  # noqa: F401  (the job script's entry points, re-exported)
     BUSBW_FLOORS, all_reduce_argv, floor_for, judge_all_reduce, parse_all_reduce_perf)
-from launch.cluster.hostfile import CLUSTER_ENV, read_cluster_env
+from launch.cluster.node_env import CLUSTER_ENV, read_cluster_env
 
 ALL_REDUCE_CHECK = "all-reduce"
 

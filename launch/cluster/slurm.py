@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from launch.aws import LaunchError
-from launch.cluster.hostfile import CLUSTER_ENV, read_cluster_env
+from launch.cluster.node_env import CLUSTER_ENV, read_cluster_env
 
 PARTITION = "train"
 MASTER_NODE = "master"

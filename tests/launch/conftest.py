@@ -1,40 +1,17 @@
-"""Fixtures shared by the launch tests: a local "COCO site" and a two-node CPU cluster in moto
-(the stack stand-in is in tests/aws_fakes.py, sagemaker_env in tests/conftest.py)."""
+"""Fixtures shared by the launch tests: a local "COCO site" (the stack stand-in is in
+tests/aws_fakes.py, sagemaker_env in tests/conftest.py)."""
 import functools
 import hashlib
 import http.server
-import os
-import sys
 import tarfile
 import threading
 import zipfile
 from collections import namedtuple
-from pathlib import Path
 
-import boto3
 import pytest
 
 from launch.staging import download as dl
 from training.data import synthetic
-
-from aws_fakes import node_groups
-
-
-@pytest.fixture
-def cpu_cluster(aws_env, tmp_path, monkeypatch):
-    """Two CPU nodes in moto, the groups shaped as the cluster stack makes them (MinSize 0); this
-    machine stands in for each of them. Returns (cluster.env, EFS root, a bin dir first on PATH)."""
-    session = boto3.session.Session()
-    node_groups(session, {"m-asg": (0, 1, 1), "w-asg": (0, 1, 1)})
-    efs = tmp_path / "efs"
-    (efs / "data" / "coco" / "annotations").mkdir(parents=True)
-    env_file = tmp_path / "cluster.env"
-    env_file.write_text(f"AWS_REGION=us-east-1\nMASTER_ASG_NAME=m-asg\nWORKER_ASG_NAME=w-asg\n"
-                        f"EFS_MOUNT={efs}\nSSH_PORT=2222\nSTACK_NAME=c\n")
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    monkeypatch.setenv("PATH", f"{bin_dir}:{Path(sys.executable).parent}:{os.environ['PATH']}")
-    return env_file, efs, bin_dir
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,11 @@
 waiting), the run lock in the test's directory and the process table a directory of the test's
 (the /proc layout: <pid>/cmdline, NUL-separated). The groups are made as the cluster stack makes
 them: MinSize 0, MaxSize and DesiredCapacity the configured size (1 master, 2 workers). The
-default of 30 minutes is the setting's (infra/config.py), written out here."""
+default of 30 minutes is the setting's (infra/config.py), written out here.
+
+Slurm's queue comes from stand-in ``squeue`` and ``sbatch`` programs on PATH that print what the
+real ones print for the format launch/cluster/jobs.py asks for; tests/launch/test_cluster_slurm.py
+asks a real slurmctld."""
 import fcntl
 import os
 import sys
@@ -11,7 +15,7 @@ from pathlib import Path
 import boto3
 import pytest
 
-from launch.cluster import capacity, health, idle, run
+from launch.cluster import idle, jobs
 
 from aws_fakes import node_groups
 
@@ -20,8 +24,25 @@ MINUTE = 60.0
 T0 = 1_700_000_000.0          # any epoch time; the checks are one minute apart from here
 
 
+# squeue -h -o "%i|%j|%T|%D|%N|%r|%M" of a job requeued after a node was lost, waiting for nodes.
+QUEUED = "7|coco-24ep|PENDING|3|(null)|BeginTime|0:00\n"
+
+
 @pytest.fixture
-def cluster(aws_env, tmp_path, monkeypatch):
+def slurm_queue(tmp_path, monkeypatch):
+    """A file holding what squeue prints; squeue fails (slurmctld down) when it is missing."""
+    bin_dir, queue = tmp_path / "bin", tmp_path / "squeue.out"
+    bin_dir.mkdir()
+    (bin_dir / "squeue").write_text(f"#!/bin/sh\nif [ -f {queue} ]; then cat {queue}; else\n"
+                                    f"echo 'squeue: error: Unable to contact slurm controller' >&2; exit 1; fi\n")
+    (bin_dir / "squeue").chmod(0o755)
+    queue.write_text("")
+    monkeypatch.setenv("PATH", f"{bin_dir}:{Path(sys.executable).parent}:{os.environ['PATH']}")
+    return queue
+
+
+@pytest.fixture
+def cluster(aws_env, tmp_path, monkeypatch, slurm_queue):
     session = boto3.session.Session()
     node_groups(session, {MASTER: (0, 1, 1), WORKER: (0, 2, 2)})
     monkeypatch.setattr(idle, "RUN_LOCK", str(tmp_path / "training.lock"))
@@ -69,18 +90,31 @@ def test_the_idle_time_survives_restarts_in_its_file_on_efs(cluster):
     assert workers(session) == 0
 
 
-def test_a_run_holding_the_lock_keeps_the_workers_and_restarts_the_count(cluster):
+def test_a_queued_job_keeps_the_workers_and_restarts_the_count(cluster, slurm_queue):
     session = cluster[0]
     check_at(cluster, 0)
-    with idle.training_lock():                     # maskrcnn-train, from minute 1 to minute 60
-        for minute in range(1, 61, 3):
-            assert "maskrcnn-train holds the run lock" in check_at(cluster, minute)
+    slurm_queue.write_text(QUEUED)                 # from minute 1 to minute 60 a job waits or runs
+    for minute in range(1, 61, 3):
+        assert "busy (Slurm job 7 coco-24ep (PENDING))" in check_at(cluster, minute)
+    slurm_queue.write_text("")
     assert workers(session) == 2
     for minute in range(61, 91):                   # idle again from minute 61: 30 min end at 91
         check_at(cluster, minute)
     assert workers(session) == 2
     check_at(cluster, 91)
     assert workers(session) == 0
+
+
+def test_a_slurm_that_does_not_answer_counts_as_busy(cluster, slurm_queue):
+    slurm_queue.unlink()
+    for minute in range(0, 61, 4):
+        assert "busy (Slurm did not answer" in check_at(cluster, minute)
+    assert workers(cluster[0]) == 2
+
+
+def test_a_submit_holding_the_lock_counts_as_busy(cluster):
+    with idle.training_lock():
+        assert "busy (a job is being submitted)" in check_at(cluster, 0)
 
 
 def test_a_training_process_started_by_hand_counts_as_a_job(cluster):
@@ -152,7 +186,6 @@ def test_the_run_lock_is_shared_between_runs_and_exclusive_to_the_check(cluster)
     (["mpirun", "--allow-run-as-root", "-np", "16"], True),
     (["/opt/amazon/openmpi/bin/orted", "-mca", "ess", "env"], True),
     (["python", "-m", "training.train", "--logdir", "/efs/logs/r"], True),
-    (["python", "-m", "launch.cluster.run", "--dry-run"], True),
     (["python", "-m", "launch.cluster.idle"], False),
     (["/usr/sbin/sshd", "-D"], False),
     (["python", "training/train.py"], False),         # not how anything here starts training
@@ -162,93 +195,28 @@ def test_which_processes_are_training(argv, training):
     assert idle.is_training(argv) is training
 
 
-# --- the next run scales the workers back up ------------------------------------------------------
+# --- the next job scales the workers back up ------------------------------------------------------
 
-@pytest.fixture
-def scaled_down(cluster, tmp_path, monkeypatch):
-    """The cluster of test_cluster_run.py (CPU nodes; this machine stands in for each), after the
-    idle check took the worker group to 0."""
+def test_the_next_job_scales_the_workers_up_while_holding_the_lock(cluster, slurm_queue, tmp_path, capsys):
     session, env, _ = cluster
-    session.client("autoscaling").update_auto_scaling_group(AutoScalingGroupName=WORKER, MaxSize=1,
-                                                            DesiredCapacity=0)
+    session.client("autoscaling").update_auto_scaling_group(AutoScalingGroupName=WORKER, DesiredCapacity=0)
     efs = Path(env["EFS_MOUNT"])
     (efs / "data" / "coco" / "annotations").mkdir(parents=True)
-    env_file = tmp_path / "cluster.env"
-    env_file.write_text("".join(f"{k}={v}\n" for k, v in env.items()) + "SSH_PORT=2222\n")
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    monkeypatch.setenv("PATH", f"{bin_dir}:{Path(sys.executable).parent}:{os.environ['PATH']}")
-    return session, env_file, efs, bin_dir
-
-
-def test_the_next_run_scales_the_workers_up_and_holds_the_lock_while_training(cluster, scaled_down,
-                                                                              tmp_path, capsys):
-    session, env_file, efs, bin_dir = scaled_down
-    log, probe = tmp_path / "mpirun.log", tmp_path / "lock-probe"
-    # The stand-in mpirun records its arguments and whether the idle check could take the lock now.
-    (bin_dir / "mpirun").write_text(
+    log, probe = tmp_path / "sbatch.log", tmp_path / "lock-probe"
+    # The stand-in sbatch records its arguments and whether the idle check could take the lock now,
+    # and prints what `sbatch --parsable` prints.
+    (slurm_queue.parent / "bin" / "sbatch").write_text(
         f"#!/bin/sh\necho \"$*\" >> {log}\n"
         f"{sys.executable} -c 'import fcntl, os\n"
         f"fd = os.open(\"{idle.RUN_LOCK}\", os.O_RDWR)\n"
         f"try:\n    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB); print(\"free\")\n"
-        f"except BlockingIOError:\n    print(\"held\")' > {probe}\n")
-    (bin_dir / "mpirun").chmod(0o755)
-    assert run.main(["--cluster-env", str(env_file), "--run-name", "r1"], runner=health.LocalRunner()) == 0
-    out = capsys.readouterr().out
-    assert f"scaling the worker group {WORKER} from 0 to 1 node(s)" in out
-    assert workers(session) == 1
-    assert " -np 2 " in log.read_text()              # master + the worker launched for this run
-    assert probe.read_text().strip() == "held"        # the idle check could not have scaled down
-    assert "no training job for 0 min" in check_at(cluster, 0)   # released when the run ended
-
-
-def test_a_dry_run_only_says_the_workers_are_down(scaled_down, capsys):
-    session, env_file, _, _ = scaled_down
-    assert run.main(["--cluster-env", str(env_file), "--dry-run"], runner=health.LocalRunner()) == 0
-    assert f"the worker group {WORKER} is at 0 of its 1 node(s)" in capsys.readouterr().out
-    assert workers(session) == 0
-
-
-def test_a_new_run_waits_for_the_nodes_that_are_starting():
-    master = run.ClusterNode("i-1", "10.0.0.1", "c5.xlarge", "master", 0)
-    worker = run.ClusterNode("i-2", "10.0.0.2", "c5.xlarge", "worker", 0)
-    healthy = iter([[master], [master], [master, worker]])   # the worker passes at the third check
-    now, slept = [0.0], []
-
-    def sleep(seconds):
-        slept.append(seconds)
-        now[0] += seconds
-
-    ok = run.wait_for_ranks(lambda: [master, worker], lambda nodes: (next(healthy), "table"), wanted=None,
-                            allow_fewer=False, wait_s=100, poll_s=5, clock=lambda: now[0], sleep=sleep,
-                            starting=lambda ok: 2)
-    assert ok == [master, worker] and slept == [5, 5]
-    with pytest.raises(run.LaunchError, match="1 of the cluster's 2 nodes are healthy after waiting 10 s"):
-        run.wait_for_ranks(lambda: [master, worker], lambda nodes: ([master], "table"), wanted=None,
-                           allow_fewer=False, wait_s=10, poll_s=5, clock=lambda: now[0], sleep=sleep,
-                           starting=lambda ok: 2)
-
-
-def test_which_runs_wait_for_starting_nodes():
-    from datetime import datetime, timedelta, timezone
-    now = datetime(2025, 1, 1, 12, tzinfo=timezone.utc)
-
-    def group(role, desired, in_service):
-        return capacity.GroupState(role, role, desired=desired, min_size=0, max_size=desired,
-                                   in_service=tuple(in_service), instances=tuple(in_service))
-
-    up = [group("master", 1, ["m"]), group("worker", 2, ["w1", "w2"])]
-    launched = {"m": now - timedelta(days=2), "w1": now - timedelta(days=2), "w2": now - timedelta(days=2)}
-    starting = run.nodes_starting
-    assert starting(up, {"m", "w1", "w2"}, launched, scaled=True, now=now) is None      # all healthy
-    assert starting(up, {"m", "w1"}, launched, scaled=True, now=now) == 3              # this run scaled up
-    # A long-running node that fails its checks is not waited for (the run starts on the others)...
-    assert starting(up, {"m", "w1"}, launched, scaled=False, now=now) is None
-    # ... one launched 10 minutes ago is: it may still be pulling the image.
-    assert starting(up, {"m", "w1"}, {**launched, "w2": now - timedelta(minutes=10)},
-                    scaled=False, now=now) == 3
-    assert starting(up, {"m", "w1"}, {**launched, "w2": now - timedelta(minutes=46)},
-                    scaled=False, now=now) is None
-    # A group with fewer InService instances than it wants is still launching.
-    launching = [group("master", 1, ["m"]), capacity.GroupState("worker", "worker", 2, 0, 2, ("w1",), ("w1", "w2"))]
-    assert starting(launching, {"m", "w1"}, launched, scaled=False, now=now) == 3
+        f"except BlockingIOError:\n    print(\"held\")' > {probe}\necho 12\n")
+    (slurm_queue.parent / "bin" / "sbatch").chmod(0o755)
+    env = {**env, "WORKER_COUNT": "2", "INSTANCE_TYPE": "c5.xlarge"}
+    name, job_id = jobs.submit(env, run_name="r1", resume=False, overrides=[], nodes=None, data_dir=None,
+                               stage_to_nvme=True, max_attempts=4, stall_minutes=30)
+    assert (name, job_id) == ("r1", "12")
+    assert f"scaling the worker group {WORKER} from 0 to 2 node(s)" in capsys.readouterr().out
+    assert workers(session) == 2
+    assert "--nodes=3 " in log.read_text()              # the master and both workers
+    assert probe.read_text().strip() == "held"           # the idle check could not have scaled down

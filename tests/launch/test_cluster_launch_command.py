@@ -1,11 +1,9 @@
-"""The mpirun command for a given cluster (over SSH with a hostfile, or inside a Slurm allocation): the
-flags that matter, hostfile, EFA variant. Pure functions; the emulated cluster tests run the command."""
+"""The mpirun command of a cluster job inside its Slurm allocation: the flags that matter and the EFA
+variant, checked against Open MPI's, NCCL's and libfabric's documented behaviour. Pure functions;
+tests/launch/test_cluster_slurm.py runs the command across emulated hosts."""
 import pytest
 
-from launch.cluster.launch_command import (Node, efa_rdma_read, hostfile_text, horovod_env, mpirun_command,
-                                           mpirun_in_allocation, train_command)
-
-TWO_NODES = [Node("10.0.1.4", 8), Node("10.0.1.5", 8)]
+from launch.cluster.launch_command import efa_rdma_read, horovod_env, mpirun_in_allocation, train_command
 
 
 def _mca(cmd: list[str]) -> dict[str, str]:
@@ -16,12 +14,10 @@ def _exported(cmd: list[str]) -> list[str]:
     return [cmd[i + 1] for i, a in enumerate(cmd) if a == "-x"]
 
 
-@pytest.mark.parametrize("inside_slurm", [False, True])
-def test_two_p4d_nodes_get_one_rank_per_gpu_and_the_flags_that_matter(inside_slurm):
+def test_two_p4d_nodes_get_one_rank_per_gpu_and_the_flags_that_matter():
     train = train_command(logdir="/efs/logs/run1", data_dir="/efs/data/coco",
                           overrides=["TRAIN.BATCH_SIZE_PER_GPU=4"])
-    cmd = (mpirun_in_allocation(ranks=16, train=train) if inside_slurm else
-           mpirun_command(TWO_NODES, hostfile="/efs/logs/run1/hostfile", train=train))
+    cmd = mpirun_in_allocation(ranks=16, train=train)
     assert cmd[:2] == ["mpirun", "--allow-run-as-root"] and cmd[cmd.index("-np") + 1] == "16"   # 2 x 8 GPUs
     mca = _mca(cmd)
     # Neither MPI's TCP transport nor its daemons' connections may pick lo or the docker bridge.
@@ -36,18 +32,14 @@ def test_two_p4d_nodes_get_one_rank_per_gpu_and_the_flags_that_matter(inside_slu
     # Training comes last, the user's override after the data directory so that it wins.
     assert cmd[-8:-5] == ["python", "-m", "training.train"] and cmd[-1] == "TRAIN.BATCH_SIZE_PER_GPU=4"
     assert cmd.index("DATA.BASEDIR=/efs/data/coco") < cmd.index("TRAIN.BATCH_SIZE_PER_GPU=4")
-    if inside_slurm:
-        # Inside the allocation Open MPI reads the nodes from Slurm and starts its daemons with srun.
-        assert "--hostfile" not in cmd and "plm_rsh_args" not in mca
-    else:
-        assert cmd[cmd.index("--hostfile") + 1] == "/efs/logs/run1/hostfile"
-        assert "-p 2222" in mca["plm_rsh_args"] and "BatchMode=yes" in mca["plm_rsh_args"]
+    # Inside the allocation Open MPI reads the nodes from Slurm and starts its daemons with srun.
+    assert "--hostfile" not in cmd and "plm_rsh_args" not in mca and "-H" not in cmd
 
 
 def test_efa_adds_libfabric_provider_only_when_asked():
-    plain = mpirun_command(TWO_NODES, hostfile="h", train=["python"])
-    efa = mpirun_command(TWO_NODES, hostfile="h", train=["python"], efa=True,
-                         instance_types=["p4d.24xlarge", "p4d.24xlarge"])
+    plain = mpirun_in_allocation(ranks=16, train=["python"])
+    efa = mpirun_in_allocation(ranks=16, train=["python"], efa=True,
+                               instance_types=["p4d.24xlarge", "p4d.24xlarge"])
     assert "FI_PROVIDER=efa" not in plain
     assert efa[efa.index("FI_PROVIDER=efa") - 1] == "-x"
     assert set(efa) - set(plain) == {"FI_PROVIDER=efa", "FI_EFA_USE_DEVICE_RDMA=1"}
@@ -58,7 +50,7 @@ def test_efa_adds_libfabric_provider_only_when_asked():
 def test_rdma_read_is_not_forced_where_the_efa_device_lacks_it(instance_types):
     """libfabric aborts when FI_EFA_USE_DEVICE_RDMA=1 meets an EFA device without RDMA read (p3dn,
     g5, ...); there, and for unknown types, the variable stays unset and libfabric decides."""
-    cmd = mpirun_command(TWO_NODES, hostfile="h", train=["python"], efa=True, instance_types=instance_types)
+    cmd = mpirun_in_allocation(ranks=16, train=["python"], efa=True, instance_types=instance_types)
     assert "FI_PROVIDER=efa" in cmd
     assert not any(a.startswith("FI_EFA_USE_DEVICE_RDMA") for a in cmd)
 
@@ -85,35 +77,12 @@ def test_rdma_table_agrees_with_sagemakers_runner_and_the_clusters_types():
     assert not efa_rdma_read("g5.48xlarge") and not efa_rdma_read("p3dn.24xlarge")
 
 
-def test_rank_count_and_hostfile_follow_slots():
-    nodes = [Node("10.0.0.10", 4), Node("10.0.0.11", 1)]
-    cmd = mpirun_command(nodes, hostfile="h", train=["python"], ssh_port=22)
-    assert cmd[cmd.index("-np") + 1] == "5"
-    assert cmd[cmd.index("plm_rsh_args") + 1].startswith("-p 22 ")
-    assert hostfile_text(nodes) == "10.0.0.10 slots=4\n10.0.0.11 slots=1\n"
-
-
 def test_horovod_env_is_shared_with_sagemaker_path():
     env = horovod_env(efa=False)
     assert env["HOROVOD_FUSION_THRESHOLD"] == "67108864"
     assert env["NCCL_SOCKET_IFNAME"] == "^docker0,lo"
 
 
-def test_bad_cluster_is_rejected():
-    with pytest.raises(ValueError, match="no nodes"):
-        mpirun_command([], hostfile="h", train=["python"])
-    with pytest.raises(ValueError, match="at least 1"):
-        Node("10.0.0.1", 0)
-
-
-@pytest.mark.parametrize("instance_type, rdma", [("p4d.24xlarge", True), ("g5.48xlarge", False),
-                                                 ("p3dn.24xlarge", False)])
-def test_the_cluster_run_passes_its_nodes_types(instance_type, rdma):
-    from launch.cluster import run
-    from launch.cluster.hostfile import ClusterNode
-
-    nodes = [ClusterNode("i-1", "10.0.0.1", instance_type, "master", 8, True),
-             ClusterNode("i-2", "10.0.0.2", instance_type, "worker", 8, True)]
-    _, cmd = run.build_command(nodes, logdir="/efs/logs/x", data_dir="/efs/data/coco", overrides=[], ssh_port=2222)
-    assert "FI_PROVIDER=efa" in cmd
-    assert ("FI_EFA_USE_DEVICE_RDMA=1" in cmd) is rdma
+def test_a_job_without_ranks_is_rejected():
+    with pytest.raises(ValueError, match="at least one rank"):
+        mpirun_in_allocation(ranks=0, train=["python"])

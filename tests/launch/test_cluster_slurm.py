@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from test_cluster_emulated import (CREATE_GROUPS, EPOCHS, GROUPS, MAX_STEPS, MOTO_PORT, REPLACE_INSTANCE,
+from emulated_cluster import (CREATE_GROUPS, EPOCHS, GROUPS, MAX_STEPS, MOTO_PORT, REPLACE_INSTANCE,
                                    STEPS_PER_EPOCH, TRAINING, VPC_CIDR, _host_env, _readdress)
 
 REPO = Path(__file__).resolve().parents[2]

@@ -13,8 +13,7 @@ import boto3
 import pytest
 
 from launch import cost
-from launch.cluster import health, idle, run
-from launch.cluster.hostfile import ClusterNode
+from launch.cluster import jobs
 from launch.sagemaker import launcher
 
 
@@ -35,12 +34,26 @@ def test_an_unknown_price_is_said_not_guessed():
     assert cost.price_per_hour("x9.nothing") is None
 
 
-def test_one_line_per_instance_type_of_the_run():
-    nodes = [ClusterNode("i-1", "10.0.0.1", "c5.xlarge", "master", 0),
-             ClusterNode("i-2", "10.0.0.2", "c5.xlarge", "worker", 0)]
-    # 2 nodes x 3 h x $0.17/h = $1.02
-    assert run.cost_lines(nodes, 3 * 3600) == [cost.estimate("c5.xlarge", 2, 3 * 3600).line()]
-    assert run.cost_lines(nodes, 3 * 3600)[0].startswith("estimated cost: $1.02 = 2 x c5.xlarge x 3.00 h")
+# Slurm 22.05's job-completion log (jobcomp/filetxt) as the emulated cluster wrote it: a run's first
+# attempt (requeued after a node was lost, so logged as PENDING), its second, and a run cancelled
+# before it started. The start and end times are moved to give whole hours.
+JOB_LOG = """\
+JobId=1 UserId=root(0) GroupId=root(0) Name=coco-24ep JobState=PENDING Partition=train TimeLimit=UNLIMITED StartTime=2026-11-24T08:00:00 EndTime=2026-11-24T09:00:00 NodeList=master,worker-[1-2] NodeCnt=3 ProcCnt=6 WorkDir=/work/main ReservationName= Tres=cpu=3,mem=3M,node=3,billing=3 Account= QOS= WcKey= Cluster=unknown SubmitTime=2026-11-24T07:59:59 EligibleTime=2026-11-24T07:59:59 DerivedExitCode=0:0 ExitCode=0:0
+JobId=1 UserId=root(0) GroupId=root(0) Name=coco-24ep JobState=COMPLETED Partition=train TimeLimit=525600 StartTime=2026-11-24T09:10:00 EndTime=2026-11-24T09:40:00 NodeList=master,worker-[1-2] NodeCnt=3 ProcCnt=6 WorkDir=/work/main ReservationName= Tres=cpu=3,mem=3M,node=3,billing=3 Account= QOS= WcKey= Cluster=unknown SubmitTime=2026-11-24T07:59:59 EligibleTime=2026-11-24T09:02:00 DerivedExitCode=0:0 ExitCode=0:0
+JobId=2 UserId=root(0) GroupId=root(0) Name=other JobState=CANCELLED Partition=train TimeLimit=UNLIMITED StartTime=2026-11-24T12:31:25 EndTime=2026-11-24T12:31:25 NodeList=(null) NodeCnt=0 ProcCnt=6 WorkDir=/work/main ReservationName= Tres=cpu=3,mem=3M,node=3,billing=3 Account= QOS= WcKey= Cluster=unknown SubmitTime=2026-11-24T12:31:24 EligibleTime=2026-11-24T12:31:24 DerivedExitCode=0:0 ExitCode=0:0
+"""
+
+
+def test_a_cluster_run_costs_its_nodes_for_every_attempt(tmp_path):
+    env = {"EFS_MOUNT": str(tmp_path), "STACK_NAME": "c", "INSTANCE_TYPE": "p4d.24xlarge"}
+    log = jobs.slurm.layout(env).job_log
+    log.parent.mkdir(parents=True)
+    log.write_text(JOB_LOG)
+    # 3 nodes x (1 h + 0.5 h) x $21.96/h = $98.82; the nodes' time between the attempts is not the run's.
+    assert jobs.run_cost(env, "coco-24ep") == cost.estimate("p4d.24xlarge", 3, 1.5 * 3600).line()
+    assert jobs.run_cost(env, "coco-24ep").startswith("estimated cost: $98.82 = 3 x p4d.24xlarge x 1.50 h")
+    assert jobs.run_cost(env, "other") is None           # cancelled before it had nodes
+    assert jobs.run_cost(env, "never-submitted") is None
 
 
 def _job(**fields):
@@ -86,29 +99,14 @@ def test_describe_of_a_finished_job_states_its_cost(sagemaker_env, capsys):
     json.dumps(described, default=str)   # describe prints it as JSON
 
 
-def test_the_cluster_run_ends_with_its_cost(cpu_cluster, tmp_path, monkeypatch, capsys):
-    """A finished run on 2 CPU nodes (this machine stands in for both) that took 1.5 hours by the
-    clock given to it: 2 x 1.5 h x $0.17/h = $0.51."""
-    env_file, _, bin_dir = cpu_cluster
-    (bin_dir / "mpirun").write_text("#!/bin/sh\nexit 0\n")
-    (bin_dir / "mpirun").chmod(0o755)
-    monkeypatch.setattr(idle, "RUN_LOCK", str(tmp_path / "training.lock"))
-    times = iter([0.0, 5400.0])          # the run's start, then its end
-    assert run.main(["--cluster-env", str(env_file)], runner=health.LocalRunner(),
-                    clock=lambda: next(times)) == 0
-    out = capsys.readouterr().out
-    assert out.rstrip().splitlines()[-1].startswith("estimated cost: $0.51 = 2 x c5.xlarge x 1.50 h x $0.17/h")
-    assert out.index("training finished") < out.index("estimated cost")
-
-
 def test_the_image_holds_every_infra_module_the_master_commands_import():
-    """maskrcnn-train (with its cost line) and the idle check run in the training image, which holds
-    only what docker/Dockerfile copies: every infra module they import must be among it."""
+    """maskrcnn-job (with its cost line), the job body and the idle check run in the training image,
+    which holds only what docker/Dockerfile copies: every infra module they import must be among it."""
     import subprocess
     from infra.constructs.training_image import dockerfile_copy_sources
 
     repo = Path(__file__).resolve().parents[2]
-    code = ("import sys, launch.cluster.run, launch.cluster.idle\n"
+    code = ("import sys, launch.cluster.jobs, launch.cluster.job, launch.cluster.idle, launch.cluster.slurm\n"
             "for name, module in sorted(sys.modules.items()):\n"
             "    if name.split('.')[0] == 'infra' and getattr(module, '__file__', None):\n"
             "        print(module.__file__)\n")

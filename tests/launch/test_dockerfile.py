@@ -269,13 +269,10 @@ def test_entrypoint_train_is_the_sagemaker_entry(tmp_path):
     assert (base / "output" / "failure").read_text().startswith("no 'train' channel")
 
 
-@pytest.mark.parametrize("command, module", [("cluster-train", "launch.cluster.run"),
-                                             ("cluster-health", "launch.cluster.health"),
-                                             ("hostfile", "launch.cluster.hostfile")])
-def test_entrypoint_cluster_commands(command, module):
-    result = _entry(command, "--help")
+def test_entrypoint_job_command():
+    result = _entry("job", "--help")
     assert result.returncode == 0, result.stderr
-    assert result.stdout.startswith("usage:")
+    assert result.stdout.startswith("usage: maskrcnn-job")
 
 
 def test_build_check_names_libraries_the_loader_cannot_find(tmp_path):
