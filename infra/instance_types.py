@@ -23,6 +23,21 @@ VCPU_QUOTAS = {
 }
 ELASTIC_IP_QUOTA = ("L-0263D0A3", "EC2-VPC Elastic IPs")
 
+# Service Quotas codes of the EC2 vCPU quotas that cap running and requested Spot Instances. Names
+# and AWS defaults (0 vCPUs each but Standard's 5): the EC2 User Guide's "Spot Instance quotas"
+# (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/using-spot-limits.html); codes: the Service
+# Quotas console links of AWS's "Amazon EC2 instance type quotas" table. P has two, by generation;
+# G and VT and Standard count the same families as their On-Demand quotas.
+SPOT_VCPU_QUOTAS = {
+    "P2-P4": ("L-7212CCBC", "All P4, P3 and P2 Spot Instance Requests"),
+    "P5": ("L-C4BD4855", "All P5 Spot Instance Requests"),
+    "G": ("L-3819A6DF", "All G and VT Spot Instance Requests"),
+    "standard": ("L-34B43A08", "All Standard (A, C, D, H, I, M, R, T, Z) Spot Instance Requests"),
+}
+# The P Spot quota of each generation (the digits after "p": p4d -> 4, p5en -> 5). No quota's name
+# covers P6 (p6-b200), and AWS's pages do not say which Spot quota counts it: none is recorded.
+SPOT_P_GENERATIONS = {"2": "P2-P4", "3": "P2-P4", "4": "P2-P4", "5": "P5"}
+
 
 @dataclass(frozen=True)
 class InstanceTypeInfo:

@@ -6,7 +6,9 @@ It reads the deployment's settings as the next `cdk deploy` would (infra/setting
 
   zone                  the instance type is offered in the cluster's zone
   vcpu-quota            the On-Demand vCPU quota of the type's family covers the instances already
-                        running in that family plus this deployment's nodes
+                        running in that family plus this deployment's nodes; with worker_spot it
+                        covers the master only, and the family's Spot vCPU quota covers the running
+                        Spot Instances it counts plus the workers
   elastic-ip-quota      the Elastic IP quota has room for the NAT gateway's address and the master's
   capacity-reservation  the reservation (or one in the resource group) exists, is active, and fits
                         the instance type, the zone and the node count
@@ -21,6 +23,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import re
 import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -30,7 +33,8 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from infra import outputs
 from infra.config import AppConfig, ConfigError
-from infra.instance_types import ELASTIC_IP_QUOTA, INSTANCE_TYPES, vcpu_quota
+from infra.instance_types import (ELASTIC_IP_QUOTA, INSTANCE_TYPES, SPOT_P_GENERATIONS, SPOT_VCPU_QUOTAS,
+                                  VCPU_QUOTAS, vcpu_quota)
 from infra.settings import DEFAULT_PATH, load_config
 from launch.aws import LaunchError, make_session
 
@@ -53,6 +57,8 @@ ACCESS_DENIED = {"AccessDenied", "AccessDeniedException", "UnauthorizedOperation
 # selected instance family", and instances in one are On-Demand Instances
 # (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/capacity-reservations-create.html).
 NOT_ON_DEMAND = frozenset({"spot", "capacity-block"})
+# The generation digits after an instance type's family letters (p4d -> 4, p6-b200 -> 6).
+_GENERATION = re.compile(r"^[a-z]+(\d*)")
 
 # CloudFormation states a `cdk deploy` cannot update, with what to do about each.
 _DELETE_FIRST = ("CloudFormation cannot update it: delete it with `aws cloudformation delete-stack "
@@ -86,6 +92,7 @@ class Preflight:
         self.settings_file = settings_file
         self._clients: dict[str, object] = {}
         self._zone: tuple[str, str] | None = None
+        self._instances: list[dict] | None = None
 
     # -- helpers --
 
@@ -179,42 +186,95 @@ class Preflight:
 
     def check_vcpu_quota(self) -> CheckResult:
         itype = self.config.instance_type
-        code, name = vcpu_quota(itype)
-        need = self.nodes * INSTANCE_TYPES[itype].vcpus
         if self.config.capacity_block:
+            code, name = vcpu_quota(itype)
             return CheckResult("vcpu-quota", True,
                                f"not needed: the {self.nodes} x {itype} run in a Capacity Block, whose "
                                f"instances are not On-Demand Instances: {name} ({code}) does not count them")
-        quota = self.quota(code)
-        used, counted = self.on_demand_vcpus_in_use(code)
+        if not self.config.worker_spot:
+            ok, message = self.on_demand_fit(self.nodes, "worker_count + 1 nodes",
+                                             "stop instances of the family, or lower worker_count")
+            return CheckResult("vcpu-quota", ok, message)
+        # Spot workers: the master stays On-Demand, and only it counts against the On-Demand quota.
+        fits = [self.on_demand_fit(1, "the master, On-Demand with worker_spot too",
+                                   "or stop On-Demand instances of the family")]
+        if self.config.worker_count:
+            fits.append(self.spot_fit(self.config.worker_count))
+        # The quotas that fall short first: they are what to act on.
+        return CheckResult("vcpu-quota", all(ok for ok, _ in fits),
+                           " | ".join(message for _, message in sorted(fits, key=lambda fit: fit[0])))
+
+    def on_demand_fit(self, count: int, role: str, other_fixes: str) -> tuple[bool, str]:
+        """(fits, message): `count` nodes in the On-Demand vCPU quota of their family."""
+        code, name = vcpu_quota(self.config.instance_type)
+        return self.quota_fit(code, name, count, role, self.on_demand_vcpus_in_use(code), other_fixes)
+
+    def spot_fit(self, count: int) -> tuple[bool, str]:
+        """(fits, message): `count` Spot workers in the Spot vCPU quota of their family."""
+        itype = self.config.instance_type
+        unspot = f"set worker_spot=false (`{self.settings_command('worker_spot=false')}`) to run them On-Demand"
+        quota = spot_vcpu_quota(itype)
+        if quota is None:
+            known = ", ".join(f"{name} ({code})" for code, name in SPOT_VCPU_QUOTAS.values())
+            return False, (f"Spot workers not checked: no Spot vCPU quota is recorded here for {itype}, "
+                           f"and AWS's quota names do not say which counts it (recorded: {known}). Find it "
+                           f"in the Service Quotas console (Amazon EC2, the \"... Spot Instance Requests\" "
+                           f"quotas) and make sure it has {count * INSTANCE_TYPES[itype].vcpus} vCPUs free "
+                           f"for the {count} x {itype} Spot workers, or {unspot}")
+        code, name = quota
+        return self.quota_fit(code, name, count, "worker_count Spot workers", self.spot_vcpus_in_use(code),
+                              f"stop Spot Instances of the family, lower worker_count, or {unspot} (the "
+                              f"On-Demand quota then counts them)")
+
+    def quota_fit(self, code: str, name: str, count: int, role: str, in_use: tuple[int, int],
+                  other_fixes: str) -> tuple[bool, str]:
+        """(fits, message): `count` nodes' vCPUs in quota `code`, of which `in_use` (vCPUs,
+        instances) are taken; a shortfall says by how much and how to ask for more."""
+        itype = self.config.instance_type
+        vcpus = INSTANCE_TYPES[itype].vcpus
+        need, quota, (used, counted) = count * vcpus, self.quota(code), in_use
         available = quota - used
-        what = f"{self.nodes} x {itype} ({INSTANCE_TYPES[itype].vcpus} vCPUs each; worker_count + 1 nodes)"
-        in_use = f"{used} in use by {counted} running instance(s) of the family" if counted else "none in use"
+        what = f"{count} x {itype} ({vcpus} vCPUs each; {role})"
+        in_use_text = f"{used} in use by {counted} running instance(s) of the family" if counted else "none in use"
         if need <= available:
-            return CheckResult("vcpu-quota", True,
-                               f"{name} ({code}): {need} vCPUs needed for {what}, {available} of "
-                               f"{quota} available ({in_use})")
+            return True, (f"{name} ({code}): {need} vCPUs needed for {what}, {available} of {quota} "
+                          f"available ({in_use_text})")
         desired = used + need
-        return CheckResult(
-            "vcpu-quota", False,
-            f"{name} ({code}) is {quota} vCPUs, {in_use}: {available} available, {need} needed for "
-            f"{what}. Raise the quota to at least {desired} in the Service Quotas console (Amazon "
-            f"EC2, \"{name}\") or with `aws service-quotas request-service-quota-increase "
-            f"--service-code ec2 --quota-code {code} --desired-value {desired} --region "
-            f"{self.region}`, stop instances of the family, or lower worker_count")
+        return False, (
+            f"{name} ({code}) is {quota} vCPUs, {in_use_text}: {available} available, {need} needed for "
+            f"{what}: {desired - quota} short. Raise the quota to at least {desired} in the Service Quotas "
+            f"console (Amazon EC2, \"{name}\") or with `aws service-quotas request-service-quota-increase "
+            f"--service-code ec2 --quota-code {code} --desired-value {desired} --region {self.region}`, "
+            f"{other_fixes}")
+
+    def running_instances(self) -> list[dict]:
+        """The region's pending and running instances (DescribeInstances, once per pre-flight)."""
+        if self._instances is None:
+            paginator = self.client("ec2").get_paginator("describe_instances")
+            self._instances = [
+                instance
+                for page in paginator.paginate(
+                    Filters=[{"Name": "instance-state-name", "Values": ["pending", "running"]}])
+                for reservation in page["Reservations"] for instance in reservation["Instances"]]
+        return self._instances
+
+    def vcpus_in_use(self, counted: Callable[[dict], bool]) -> tuple[int, int]:
+        """(vCPUs, instances) of the pending and running instances `counted` selects."""
+        types = [i["InstanceType"] for i in self.running_instances() if counted(i)]
+        vcpus = self.vcpus(types)
+        return sum(vcpus[t] for t in types), len(types)
 
     def on_demand_vcpus_in_use(self, code: str) -> tuple[int, int]:
         """(vCPUs, instances) of the pending and running On-Demand instances counted by quota `code`."""
-        paginator = self.client("ec2").get_paginator("describe_instances")
-        types = []
-        for page in paginator.paginate(
-                Filters=[{"Name": "instance-state-name", "Values": ["pending", "running"]}]):
-            for reservation in page["Reservations"]:
-                types += [i["InstanceType"] for i in reservation["Instances"]
-                          if i.get("InstanceLifecycle") not in NOT_ON_DEMAND
-                          and quota_code(i["InstanceType"]) == code]
-        vcpus = self.vcpus(types)
-        return sum(vcpus[t] for t in types), len(types)
+        return self.vcpus_in_use(lambda i: i.get("InstanceLifecycle") not in NOT_ON_DEMAND
+                                 and quota_code(i["InstanceType"]) == code)
+
+    def spot_vcpus_in_use(self, code: str) -> tuple[int, int]:
+        """(vCPUs, instances) of the pending and running Spot Instances counted by Spot quota `code`.
+        Spot requests still open (not yet fulfilled, e.g. a Spot Fleet's) count against it too; they
+        are not looked up: the cluster's groups launch Spot Instances that leave no open request."""
+        return self.vcpus_in_use(lambda i: i.get("InstanceLifecycle") == "spot"
+                                 and spot_quota_code(i["InstanceType"]) == code)
 
     def check_elastic_ip_quota(self) -> CheckResult:
         code, name = ELASTIC_IP_QUOTA
@@ -364,6 +424,22 @@ def quota_code(instance_type: str) -> str | None:
     """The code of the On-Demand vCPU quota (P, G and VT, Standard) `instance_type` counts
     against; None for families with quotas of their own."""
     quota = vcpu_quota(instance_type)
+    return quota[0] if quota else None
+
+
+def spot_vcpu_quota(instance_type: str) -> tuple[str, str] | None:
+    """(quota code, quota name) of the Spot vCPU quota `instance_type` counts against (P by
+    generation, G and VT, Standard); None for the families with quotas of their own and for P6,
+    which no Spot quota's name covers."""
+    on_demand = vcpu_quota(instance_type)
+    key = next((k for k, quota in VCPU_QUOTAS.items() if quota == on_demand), None)
+    if key == "P":
+        key = SPOT_P_GENERATIONS.get(_GENERATION.match(instance_type).group(1))
+    return SPOT_VCPU_QUOTAS.get(key)
+
+
+def spot_quota_code(instance_type: str) -> str | None:
+    quota = spot_vcpu_quota(instance_type)
     return quota[0] if quota else None
 
 

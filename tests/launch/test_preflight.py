@@ -8,8 +8,10 @@ DescribeInstances, DescribeAddresses and DescribeStacks. Its offerings are AWS's
 us-east-1 is offered in us-east-1a to us-east-1d, not in us-east-1e or us-east-1f
 (test_moto_offers_p4d_in_four_zones pins that), and the scenarios are built on it.
 
-Expected numbers are worked out by hand in each test: a p4d.24xlarge has 96 vCPUs, a node count
-is worker_count + 1; quota codes and names are AWS's (Service Quotas console, Amazon EC2)."""
+Expected numbers are worked out by hand in each test: a p4d.24xlarge has 96 vCPUs, a g5.48xlarge
+192, a c5.xlarge 4, a node count is worker_count + 1 (with worker_spot: 1 On-Demand master and
+worker_count Spot workers); quota codes, names and AWS defaults are AWS's (Service Quotas console,
+Amazon EC2; the EC2 User Guide's "Spot Instance quotas": 0 vCPUs for G and VT, 5 for Standard)."""
 from __future__ import annotations
 
 import json
@@ -30,6 +32,14 @@ REPO_ROOT = preflight.DEFAULT_PATH.parent
 P_QUOTA, P_NAME = "L-417A185B", "Running On-Demand P instances"
 EIP_QUOTA, EIP_NAME = "L-0263D0A3", "EC2-VPC Elastic IPs"
 QUOTAS = {"GetServiceQuota": {P_QUOTA: "p-192", EIP_QUOTA: "elastic-ip-5"}}
+P_SPOT_QUOTA, P_SPOT_NAME = "L-7212CCBC", "All P4, P3 and P2 Spot Instance Requests"
+G_QUOTA, G_NAME = "L-DB2E81BA", "Running On-Demand G and VT instances"
+G_SPOT_QUOTA, G_SPOT_NAME = "L-3819A6DF", "All G and VT Spot Instance Requests"
+STANDARD_QUOTA, STANDARD_NAME = "L-1216C47A", "Running On-Demand Standard (A, C, D, H, I, M, R, T, Z) instances"
+STANDARD_SPOT_QUOTA = "L-34B43A08"
+STANDARD_SPOT_NAME = "All Standard (A, C, D, H, I, M, R, T, Z) Spot Instance Requests"
+SPOT_QUOTAS = {"GetServiceQuota": {**QUOTAS["GetServiceQuota"], P_SPOT_QUOTA: "p4-p3-p2-spot-192"}}
+SPOT = {"InstanceMarketOptions": {"MarketType": "spot"}}
 
 # Recorded reservations (tests/launch/recorded_aws/describe_capacity_reservations.json).
 ODCR_FITS = "cr-0a1b2c3d4e5f60718"         # p4d.24xlarge, us-east-1a, active, 2 of 2 available
@@ -169,6 +179,137 @@ def test_quota_without_an_applied_value_falls_back_to_the_default(aws_env):
     assert ("GetAWSDefaultServiceQuota", EIP_QUOTA) in replay.answered
 
 
+def test_spot_workers_count_against_the_spot_quota_not_the_on_demand_one(aws_env):
+    # On-Demand, 3 nodes x 96 = 288 vCPUs do not fit the P quota's 192.
+    vcpu = checks(p4d(worker_count=2), Replay(SPOT_QUOTAS))["vcpu-quota"]
+    assert not vcpu.ok and "192 available, 288 needed for 3 x p4d.24xlarge" in vcpu.message
+
+    replay = Replay(SPOT_QUOTAS)
+    vcpu = checks(p4d(worker_count=2, worker_spot=True), replay)["vcpu-quota"]
+
+    # The master's 96 of the On-Demand P quota's 192; the 2 workers' 2 x 96 = 192 of the Spot quota's 192.
+    assert vcpu.ok, vcpu.message
+    on_demand, spot = vcpu.message.split(" | ")
+    assert on_demand.startswith(f"{P_NAME} ({P_QUOTA}): 96 vCPUs needed for 1 x p4d.24xlarge (96 vCPUs each; "
+                                "the master")
+    assert on_demand.endswith("192 of 192 available (none in use)")
+    assert spot == (f"{P_SPOT_NAME} ({P_SPOT_QUOTA}): 192 vCPUs needed for 2 x p4d.24xlarge (96 vCPUs each; "
+                    "worker_count Spot workers), 192 of 192 available (none in use)")
+    assert sorted(replay.answered) == [("GetServiceQuota", EIP_QUOTA), ("GetServiceQuota", P_QUOTA),
+                                       ("GetServiceQuota", P_SPOT_QUOTA)]
+
+
+def test_spot_workers_over_the_spot_quota_fail_naming_it(aws_env):
+    run_instances("p4d.24xlarge", **SPOT)   # 96 of the P4, P3 and P2 Spot quota
+    run_instances("p5.4xlarge", **SPOT)     # the P5 Spot quota's, not this one's
+    run_instances("p4d.24xlarge")           # On-Demand: 96 of the On-Demand P quota
+
+    results = checks(p4d(worker_count=2, worker_spot=True), Replay(SPOT_QUOTAS))
+
+    vcpu = results["vcpu-quota"]
+    # 192 - 96 = 96 available, 2 workers x 96 = 192 needed: 96 short; 96 + 192 = 288 asked for.
+    assert not vcpu.ok
+    assert vcpu.message.startswith(
+        f"{P_SPOT_NAME} ({P_SPOT_QUOTA}) is 192 vCPUs, 96 in use by 1 running instance(s) of the family: "
+        "96 available, 192 needed for 2 x p4d.24xlarge (96 vCPUs each; worker_count Spot workers): 96 short.")
+    assert f"Service Quotas console (Amazon EC2, \"{P_SPOT_NAME}\")" in vcpu.message
+    assert (f"aws service-quotas request-service-quota-increase --service-code ec2 --quota-code {P_SPOT_QUOTA} "
+            "--desired-value 288 --region us-east-1") in vcpu.message
+    assert ("lower worker_count, or set worker_spot=false (`python -m infra.settings set worker_spot=false`)"
+            in vcpu.message)
+    # The master fits beside the On-Demand p4d: 192 - 96 = 96 available, 96 needed.
+    assert vcpu.message.endswith(f" | {P_NAME} ({P_QUOTA}): 96 vCPUs needed for 1 x p4d.24xlarge (96 vCPUs each; "
+                                 "the master, On-Demand with worker_spot too), 96 of 192 available (96 in use by "
+                                 "1 running instance(s) of the family)")
+    assert all(r.ok for name, r in results.items() if name != "vcpu-quota")
+
+
+def test_with_spot_workers_the_master_still_counts_on_demand(aws_env):
+    run_instances("p4d.24xlarge", count=2)   # the whole On-Demand P quota (2 x 96 = 192) in use
+
+    vcpu = checks(p4d(worker_count=1, worker_spot=True), Replay(SPOT_QUOTAS))["vcpu-quota"]
+
+    # 192 - 192 = 0 available, the master needs 96: 96 short; 192 + 96 = 288 asked for.
+    assert not vcpu.ok
+    failed, fits = vcpu.message.split(" | ")
+    assert failed.startswith(f"{P_NAME} ({P_QUOTA}) is 192 vCPUs, 192 in use by 2 running instance(s) of the "
+                             "family: 0 available, 96 needed for 1 x p4d.24xlarge (96 vCPUs each; the master")
+    assert failed.endswith(f"--quota-code {P_QUOTA} --desired-value 288 --region us-east-1`, or stop On-Demand "
+                           "instances of the family")
+    # The one worker: 96 of the Spot quota's 192.
+    assert fits.startswith(f"{P_SPOT_NAME} ({P_SPOT_QUOTA}): 96 vCPUs needed for 1 x p4d.24xlarge")
+
+
+def test_spot_quotas_without_an_applied_value_fall_back_to_aws_defaults(aws_env):
+    # A new account: no applied value, AWS's defaults. G and VT: 0 vCPUs On-Demand and Spot.
+    replay = Replay({"GetServiceQuota": {G_QUOTA: "no-such-resource", G_SPOT_QUOTA: "no-such-resource",
+                                         EIP_QUOTA: "elastic-ip-5"},
+                     "GetAWSDefaultServiceQuota": {G_QUOTA: "g-and-vt-default-0",
+                                                   G_SPOT_QUOTA: "g-and-vt-spot-default-0"}})
+    g5 = AppConfig.from_context({"instance_type": "g5.48xlarge", "worker_count": 1, "worker_spot": True})
+
+    vcpu = checks(g5, replay)["vcpu-quota"]
+
+    # Both fall short by a g5.48xlarge's 192 vCPUs, and both are named with what to ask for.
+    assert not vcpu.ok
+    on_demand, spot = vcpu.message.split(" | ")
+    assert on_demand.startswith(f"{G_NAME} ({G_QUOTA}) is 0 vCPUs, none in use: 0 available, 192 needed for "
+                                "1 x g5.48xlarge (192 vCPUs each; the master")
+    assert spot.startswith(f"{G_SPOT_NAME} ({G_SPOT_QUOTA}) is 0 vCPUs, none in use: 0 available, 192 needed "
+                           "for 1 x g5.48xlarge (192 vCPUs each; worker_count Spot workers): 192 short.")
+    assert f"--quota-code {G_QUOTA} --desired-value 192" in on_demand
+    assert f"--quota-code {G_SPOT_QUOTA} --desired-value 192" in spot
+    assert ("GetAWSDefaultServiceQuota", G_SPOT_QUOTA) in replay.answered
+
+    # Standard: 64 vCPUs applied On-Demand, AWS's default 5 for Spot. One c5.xlarge worker (4 vCPUs) fits;
+    # two (8) are 3 short.
+    replay = Replay({"GetServiceQuota": {STANDARD_QUOTA: "standard-64", STANDARD_SPOT_QUOTA: "no-such-resource",
+                                         EIP_QUOTA: "elastic-ip-5"},
+                     "GetAWSDefaultServiceQuota": {STANDARD_SPOT_QUOTA: "standard-spot-default-5"}})
+
+    def c5(workers):
+        config = AppConfig.from_context({"instance_type": "c5.xlarge", "worker_count": workers,
+                                         "worker_spot": True})
+        return checks(config, replay)["vcpu-quota"]
+
+    vcpu = c5(1)
+    assert vcpu.ok and f"{STANDARD_SPOT_NAME} ({STANDARD_SPOT_QUOTA}): 4 vCPUs needed" in vcpu.message
+    assert "5 of 5 available" in vcpu.message
+    assert (f"{STANDARD_NAME} ({STANDARD_QUOTA}): 4 vCPUs needed for 1 x c5.xlarge (4 vCPUs each; the master"
+            in vcpu.message)
+    vcpu = c5(2)
+    assert not vcpu.ok
+    assert vcpu.message.startswith(f"{STANDARD_SPOT_NAME} ({STANDARD_SPOT_QUOTA}) is 5 vCPUs, none in use: "
+                                   "5 available, 8 needed for 2 x c5.xlarge (4 vCPUs each; worker_count Spot "
+                                   "workers): 3 short.")
+    assert f"--quota-code {STANDARD_SPOT_QUOTA} --desired-value 8" in vcpu.message
+    assert f"| {STANDARD_NAME} ({STANDARD_QUOTA}): 4 vCPUs needed" in vcpu.message
+
+
+def test_spot_workers_of_a_family_without_a_known_spot_quota_are_said_not_checked(aws_env):
+    # No Spot quota's name covers P6 (the P ones: "P4, P3 and P2", "P5"): the message says so.
+    replay = Replay(QUOTAS)
+    config = AppConfig.from_context({"instance_type": "p6-b200.48xlarge", "worker_count": 1, "worker_spot": True})
+
+    vcpu = checks(config, replay)["vcpu-quota"]
+
+    assert not vcpu.ok
+    unknown, master = vcpu.message.split(" | ")
+    assert unknown.startswith("Spot workers not checked: no Spot vCPU quota is recorded here for p6-b200.48xlarge")
+    assert f"{P_SPOT_NAME} ({P_SPOT_QUOTA})" in unknown and "All P5 Spot Instance Requests (L-C4BD4855)" in unknown
+    assert "192 vCPUs free for the 1 x p6-b200.48xlarge Spot workers" in unknown
+    assert master.startswith(f"{P_NAME} ({P_QUOTA}): 192 vCPUs needed for 1 x p6-b200.48xlarge")
+    assert ("GetServiceQuota", P_SPOT_QUOTA) not in replay.answered
+
+
+def test_spot_without_workers_checks_the_master_only(aws_env):
+    replay = Replay(SPOT_QUOTAS)
+    vcpu = checks(p4d(worker_count=0, worker_spot=True), replay)["vcpu-quota"]
+    assert vcpu.ok and " | " not in vcpu.message
+    assert vcpu.message.startswith(f"{P_NAME} ({P_QUOTA}): 96 vCPUs needed for 1 x p4d.24xlarge")
+    assert ("GetServiceQuota", P_SPOT_QUOTA) not in replay.answered
+
+
 @pytest.mark.parametrize("reservation, values, expected", [
     (ODCR_FITS, {}, f"{ODCR_FITS}: On-Demand Capacity Reservation of p4d.24xlarge in us-east-1a, active, "
                     "2 of 2 available for 2 nodes"),
@@ -276,6 +417,20 @@ def test_quota_family_of_running_instances():
                 "trn1.2xlarge": None, "dl1.24xlarge": None, "hpc7g.4xlarge": None, "x2idn.16xlarge": None,
                 "f1.2xlarge": None, "u-6tb1.metal": None}
     assert {t: preflight.quota_code(t) for t in expected} == expected
+
+
+def test_spot_quota_of_each_family():
+    # AWS's Spot quota names: "All P4, P3 and P2", "All P5", "All G and VT", "All Standard (A, C, D, H,
+    # I, M, R, T, Z) Spot Instance Requests"; Inf, Trn, DL, X, F have their own, and none names P6.
+    p5 = "L-C4BD4855"
+    expected = {"p3dn.24xlarge": P_SPOT_QUOTA, "p4d.24xlarge": P_SPOT_QUOTA, "p4de.24xlarge": P_SPOT_QUOTA,
+                "p5.48xlarge": p5, "p5e.48xlarge": p5, "p5en.48xlarge": p5, "p6-b200.48xlarge": None,
+                "g5.48xlarge": G_SPOT_QUOTA, "gr6.4xlarge": G_SPOT_QUOTA, "vt1.3xlarge": G_SPOT_QUOTA,
+                "c5.xlarge": STANDARD_SPOT_QUOTA, "m5.xlarge": STANDARD_SPOT_QUOTA,
+                "t3.micro": STANDARD_SPOT_QUOTA,
+                "inf2.xlarge": None, "trn1.2xlarge": None, "dl1.24xlarge": None, "x2idn.16xlarge": None,
+                "f1.2xlarge": None}
+    assert {t: preflight.spot_quota_code(t) for t in expected} == expected
 
 
 def test_bad_settings_exit_2(tmp_path, capsys):
