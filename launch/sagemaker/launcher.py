@@ -11,13 +11,14 @@ security group, the bucket for the output. Channels are EFS directories: ``train
 staged COCO tree), ``log`` read-write (the entry writes checkpoints and TensorBoard events into
 ``<log>/<run name>``). With ``--fsx`` the train channel is the stack's FSx for Lustre file system
 instead (the app's fsx_lustre_storage_gib; the dataset at /<mount name>/coco, loaded from the bucket
-on first read) and the job runs in that file system's subnet. Every job gets a new run name unless ``--run-name`` names an earlier run to
-continue, so a new experiment never picks up an old one's checkpoints; a spot job that SageMaker
-restarts keeps its run name and resumes from EFS. The metric definitions come from
-training.metrics (the 22 of AWS's EFS example, images/s and the learning rate); rank 0's TensorBoard
-events also go to the job's TensorBoard output (s3://<bucket>/<output prefix>/tensorboard/<run name>,
-uploaded while the job runs). Hyperparameters are checked with training.hparams before anything is
-sent.
+on first read) and the job runs in that file system's subnet. Run names follow launch/run_names.py,
+as on the EC2 cluster: every job gets a new run name unless ``--run-name`` gives one, a name that
+an earlier job's run has is refused unless ``--resume`` continues that run, so a new experiment
+never picks up an old one's checkpoints; a spot job that SageMaker restarts keeps its run name and
+resumes from EFS. The metric definitions come from training.metrics (the 22 of AWS's EFS example,
+images/s and the learning rate); rank 0's TensorBoard events also go to the job's TensorBoard output
+(s3://<bucket>/<output prefix>/tensorboard/<run name>, uploaded while the job runs). Hyperparameters
+are checked with training.hparams before anything is sent.
 
 The same :func:`start_job` is what notebooks/sagemaker_training.ipynb calls. ``describe`` and ``logs``
 of a finished job (and ``start --wait``) add its estimated cost (:func:`job_cost`, launch/cost.py).
@@ -27,10 +28,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import re
-import secrets
 import sys
-import time
 from typing import Any
 
 import boto3
@@ -39,6 +37,7 @@ from infra import outputs
 from launch import cost
 from launch.aws import (LaunchError, make_session, require_output, stack_outputs, stack_role_trusted,
                         training_networking)
+from launch.run_names import check_run_name, new_run_name
 
 DEFAULT_INSTANCE_TYPE = "ml.p4d.24xlarge"
 TRAIN_CHANNEL_PATH = "/data/coco"     # on the EFS file system; `python -m launch.staging to-efs` fills it
@@ -47,8 +46,12 @@ LOG_CHANNEL_PATH = "/logs"
 LUSTRE_TRAIN_PATH = f"/{outputs.LUSTRE_COCO_DIR}"
 RUN_NAME_ENV = "MASKRCNN_RUN_NAME"    # read by launch/sagemaker/entry.py
 TENSORBOARD_LOCAL_PATH = "/opt/ml/output/tensorboard"   # SageMaker's default TensorBoard directory
-# A directory name on EFS: no '/', no '..', no leading '.'.
-RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+# Every job carries its run name as this tag, which is how the launcher finds a run's earlier jobs:
+# one Search request with an exact Tags.<key> Equals filter (a run `a` does not match `a-b`), whatever
+# the job names are. Matching job names (ListTrainingJobs NameContains) would need the run name in
+# every job name, where SageMaker's 63 characters leave it too little room, and an exact check of
+# each candidate after the substring match.
+RUN_NAME_TAG = "maskrcnn-run-name"
 
 
 @dataclasses.dataclass
@@ -64,7 +67,8 @@ class JobSpec:
     train_path: str = TRAIN_CHANNEL_PATH   # with fsx: on the Lustre file system, default LUSTRE_TRAIN_PATH
     fsx: bool = False                      # train channel from the stack's FSx for Lustre file system
     log_path: str = LOG_CHANNEL_PATH
-    run_name: str | None = None            # log subdirectory; default: new_run_name(). Reuse one to resume it.
+    run_name: str | None = None            # log subdirectory; default: new_run_name(), a new run
+    resume: bool = False                   # continue run_name, which an earlier job must have
     spot: bool = False
     max_wait_seconds: int | None = None    # spot only; default 2 x max run
     output_prefix: str = "maskrcnn/output"
@@ -77,11 +81,6 @@ FALLBACKS = {"instance_type": DEFAULT_INSTANCE_TYPE, "instance_count": 1, "volum
 # Optional stack outputs for those defaults (infra/outputs.py names them if SageMakerStack decides them).
 _OPTIONAL_OUTPUTS = {"instance_type": "TRAINING_INSTANCE_TYPE", "instance_count": "TRAINING_INSTANCE_COUNT",
                      "volume_size_gb": "TRAINING_VOLUME_SIZE_GB", "max_run_seconds": "TRAINING_MAX_RUNTIME_S"}
-
-
-def new_run_name(base: str) -> str:
-    """A run name no earlier job has: the base job name, the UTC time and 4 random hex digits."""
-    return f"{base}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{secrets.token_hex(2)}"
 
 
 def _efs_path(path: str, what: str) -> str:
@@ -100,13 +99,12 @@ def resolve(spec: JobSpec, stack: dict[str, str]) -> JobSpec:
             value = stack.get(name) if name else None
             value = fallback if value in (None, "") else type(fallback)(value)
         values[field] = value
-    values["run_name"] = spec.run_name or new_run_name(spec.base_job_name)
+    if spec.resume and not spec.run_name:
+        raise LaunchError("--resume continues a run: name it with --run-name (`start` printed the name)")
+    values["run_name"] = check_run_name(spec.run_name) if spec.run_name else new_run_name(spec.base_job_name)
     if spec.fsx and spec.train_path == TRAIN_CHANNEL_PATH:
         values["train_path"] = LUSTRE_TRAIN_PATH
     out = dataclasses.replace(spec, **values)
-    if not RUN_NAME.match(out.run_name):
-        raise LaunchError(f"run name {out.run_name!r} must be 1-100 letters, digits, '.', '_' or '-', starting "
-                          f"with a letter or digit (it names the run's directory on EFS), e.g. coco-r50")
     if not out.instance_type.startswith("ml."):
         raise LaunchError(f"instance type {out.instance_type!r} is not a SageMaker type; they start with 'ml.', "
                           f"e.g. ml.p4d.24xlarge")
@@ -133,7 +131,7 @@ def build_trainer(session: boto3.session.Session, spec: JobSpec):
     """A ``sagemaker.train.ModelTrainer`` for ``spec`` and the resolved spec."""
     from sagemaker.core.helper.session_helper import Session
     from sagemaker.core.training.configs import (Compute, FileSystemDataSource, InputData, MetricDefinition,
-                                                 Networking, OutputDataConfig, StoppingCondition,
+                                                 Networking, OutputDataConfig, StoppingCondition, Tag,
                                                  TensorBoardOutputConfig)
     from sagemaker.train import ModelTrainer
 
@@ -190,6 +188,7 @@ def build_trainer(session: boto3.session.Session, spec: JobSpec):
             ],
             hyperparameters={k: str(v) for k, v in spec.hyperparameters.items()},
             environment=environment,
+            tags=[Tag(key=RUN_NAME_TAG, value=spec.run_name)],
         ).with_metric_definitions([MetricDefinition(name=m["Name"], regex=m["Regex"]) for m in METRIC_DEFINITIONS]
                                   ).with_tensorboard_output_config(tensorboard)
     return trainer, spec
@@ -212,11 +211,36 @@ def _lustre_train_channel(stack: dict[str, str], spec: JobSpec, source_type):
     return source, [subnet]
 
 
+def latest_job_of_run(session: boto3.session.Session, run_name: str) -> str | None:
+    """The name of the newest training job tagged with the run name, None when no job has it."""
+    found = session.client("sagemaker").search(
+        Resource="TrainingJob", MaxResults=1, SortBy="CreationTime", SortOrder="Descending",
+        SearchExpression={"Filters": [{"Name": f"Tags.{RUN_NAME_TAG}", "Operator": "Equals", "Value": run_name}]})
+    return found["Results"][0]["TrainingJob"]["TrainingJobName"] if found["Results"] else None
+
+
+def check_named_run(session: boto3.session.Session, run_name: str, resume: bool) -> None:
+    """The cluster's rule (launch/cluster/jobs.py): a named run must be new, unless it is resumed,
+    and then it must exist."""
+    job = latest_job_of_run(session, run_name)
+    if job and not resume:
+        raise LaunchError(f"a run named {run_name} exists (training job {job}): pass --resume to continue "
+                          f"it from its latest checkpoint, or choose another --run-name (or leave it out for "
+                          f"a new name)")
+    if resume and not job:
+        raise LaunchError(f"--resume: there is no run named {run_name} in {session.region_name} (no training "
+                          f"job has the tag {RUN_NAME_TAG}={run_name}); check the name (`start` printed it), "
+                          f"or leave out --resume to start a new run")
+
+
 def start_job(spec: JobSpec, *, session: boto3.session.Session | None = None, dry_run: bool = False,
               wait: bool = False) -> dict[str, Any]:
-    """Create the training job (or with ``dry_run`` only build it); returns the CreateTrainingJob request."""
+    """Create the training job (or with ``dry_run`` only build it); returns the CreateTrainingJob request.
+    A named run is checked against the earlier jobs first, also in a dry run, which shows what would be sent."""
     session = session or make_session()
-    trainer, spec = build_trainer(session, spec)
+    trainer, resolved = build_trainer(session, spec)
+    if spec.run_name:    # a new name is new by construction: the time and random digits
+        check_named_run(session, resolved.run_name, spec.resume)
     request = trainer._create_training_job_args(boto3=True)  # the exact API request, for --dry-run and the notebook
     if dry_run:
         return request
@@ -326,8 +350,10 @@ def main(argv: list[str] | None = None) -> int:
                         f"read-only; --train-path is then on Lustre (default {LUSTRE_TRAIN_PATH}); the log "
                         "channel stays on EFS")
     s.add_argument("--log-path", default=LOG_CHANNEL_PATH, help="log directory on EFS (log channel, read-write)")
-    s.add_argument("--run-name", help="log subdirectory on EFS (default: a new name per job); "
-                                         "an earlier run's name continues that run")
+    s.add_argument("--run-name", help="log subdirectory on EFS (default: <job name>-<UTC time>-<4 hex>, "
+                                         "a new run)")
+    s.add_argument("--resume", action="store_true",
+                   help="continue the run named by --run-name from its latest checkpoint")
     s.add_argument("-H", "--hyperparameter", action="append", metavar="NAME=VALUE",
                    help="the hyperparameter names of the SageMaker Mask R-CNN EFS example "
                         "(mode_mask, batch_size_per_gpu, ...) or config:KEY")
@@ -345,8 +371,8 @@ def main(argv: list[str] | None = None) -> int:
             spec = JobSpec(stack=a.stack, base_job_name=a.job_name, instance_type=a.instance_type,
                            instance_count=a.instance_count, volume_size_gb=a.volume_size, max_run_seconds=a.max_run,
                            hyperparameters=_hyperparameters(a.hyperparameter, a.hyperparameters_json),
-                           train_path=a.train_path, log_path=a.log_path, run_name=a.run_name, spot=a.spot,
-                           max_wait_seconds=a.max_wait, fsx=a.fsx)
+                           train_path=a.train_path, log_path=a.log_path, run_name=a.run_name, resume=a.resume,
+                           spot=a.spot, max_wait_seconds=a.max_wait, fsx=a.fsx)
             request = start_job(spec, session=session, dry_run=a.dry_run, wait=a.wait)
             if a.dry_run:
                 print(json.dumps(request, indent=2, default=str))
@@ -354,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
                 run = request["Environment"][RUN_NAME_ENV]
                 print(f"started {request['TrainingJobName']}, run {run} (checkpoints in <log channel>/{run} on EFS)\n"
                       f"  follow:   python -m launch.sagemaker.launcher logs {request['TrainingJobName']}\n"
-                      f"  continue: python -m launch.sagemaker.launcher start --run-name {run} ...")
+                      f"  continue: python -m launch.sagemaker.launcher start --run-name {run} --resume ...")
             if a.wait and not a.dry_run:   # the job has ended: its status and cost
                 described = describe_job(request["TrainingJobName"], session)
                 print(f"{request['TrainingJobName']}: {described.get('TrainingJobStatus')}")

@@ -53,6 +53,8 @@ def test_start_sends_the_full_request(sagemaker_env):
     assert "CheckpointConfig" not in body
     run = body["Environment"][launcher.RUN_NAME_ENV]
     assert re.fullmatch(r"maskrcnn-\d{8}-\d{6}-[0-9a-f]{4}", run)
+    # The run name is also the job's tag, by which a later start finds the run's jobs.
+    assert body["Tags"] == [{"Key": "maskrcnn-run-name", "Value": run}]
     # TensorBoard events go where SageMaker uploads them from while the job runs, per run.
     assert body["Environment"][TENSORBOARD_DIR_ENV] == "/opt/ml/output/tensorboard"
     assert body["TensorBoardOutputConfig"] == {
@@ -81,26 +83,73 @@ def test_spot_resumes_from_the_run_directory_on_efs(sagemaker_env):
                                       "VolumeSizeInGB": 100}
 
 
-def test_every_new_job_gets_its_own_run_and_only_a_named_run_is_continued(sagemaker_env, capsys):
+def _jobs(session) -> list[str]:
+    """The training jobs moto has recorded (what reached it, also from the CLI's own session)."""
+    return [j["TrainingJobName"] for j in session.client("sagemaker").list_training_jobs()["TrainingJobSummaries"]]
+
+
+def test_every_new_job_gets_its_own_run_and_only_a_resumed_run_is_continued(sagemaker_env, capsys):
     """A new experiment must never pick up an earlier one's checkpoints: without --run-name every job
-    gets a run name (its checkpoint directory) no other job has; --run-name continues that run."""
+    gets a run name (its checkpoint directory) no other job has; --run-name with --resume continues
+    that run, and every job carries its run name as a tag."""
     session = boto3.session.Session()
     deploy_stack(session)
-    requests = [launcher.start_job(JobSpec(spot=True), session=session, dry_run=True) for _ in range(2)]
+    sent = capture_requests(session)
+    requests = [launcher.start_job(JobSpec(spot=True), session=session, dry_run=dry) for dry in (False, True)]
     first, second = (r["Environment"][launcher.RUN_NAME_ENV] for r in requests)
     assert first != second and first.startswith("maskrcnn-") and second.startswith("maskrcnn-")
     assert all("CheckpointConfig" not in r for r in requests)
-    again = launcher.start_job(JobSpec(run_name=first), session=session, dry_run=True)
-    assert again["Environment"][launcher.RUN_NAME_ENV] == first
-    assert launcher.main(["start", "--run-name", first]) == 0   # the CLI says how to continue a run
-    assert f"--run-name {first}" in capsys.readouterr().out
+    # Other base job names: SageMaker job names carry the time only to the second.
+    launcher.start_job(JobSpec(run_name=first, resume=True, base_job_name="resumed"), session=session)
+    assert [b["Environment"][launcher.RUN_NAME_ENV] for b in sent] == [first, first]
+    assert [b["Tags"] for b in sent] == [[{"Key": "maskrcnn-run-name", "Value": first}]] * 2
+    # The CLI continues a run the same way, and says how.
+    assert launcher.main(["start", "--job-name", "continued", "--run-name", first, "--resume"]) == 0
+    assert f"start --run-name {first} --resume" in capsys.readouterr().out
+    assert len(_jobs(session)) == 3
 
 
-@pytest.mark.parametrize("name", ["../other", "a/b", ".hidden", "x" * 101])
+def test_naming_an_existing_run_is_refused_before_anything_is_sent(sagemaker_env, capsys):
+    session = boto3.session.Session()
+    deploy_stack(session)
+    assert launcher.main(["start", "--run-name", "coco-r50"]) == 0
+    (job,) = _jobs(session)
+    for args in (["--run-name", "coco-r50"], ["--run-name", "coco-r50", "--dry-run"]):
+        assert launcher.main(["start", *args]) == 2
+        err = capsys.readouterr().err
+        assert f"a run named coco-r50 exists (training job {job}): pass --resume to continue it" in err
+        assert "or choose another --run-name" in err
+    sent = capture_requests(session)
+    with pytest.raises(LaunchError, match="a run named coco-r50 exists"):
+        launcher.start_job(JobSpec(run_name="coco-r50"), session=session)
+    assert sent == [] and _jobs(session) == [job]
+    # Exact names: a run whose name starts with, or is part of, coco-r50 is another run.
+    for other in ("coco-r50-b", "coco-r5", "coco"):
+        launcher.start_job(JobSpec(run_name=other), session=session)
+    assert [b["Environment"][launcher.RUN_NAME_ENV] for b in sent] == ["coco-r50-b", "coco-r5", "coco"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--run-name", "no-such-run", "--resume"], "--resume: there is no run named no-such-run in us-east-1"),
+    (["--resume"], "--resume continues a run: name it with --run-name"),
+])
+def test_resume_needs_a_run_that_exists(sagemaker_env, capsys, args, message):
+    session = boto3.session.Session()
+    deploy_stack(session)
+    # A run whose name only starts with the one asked for is another run.
+    earlier = launcher.start_job(JobSpec(run_name="no-such-run-2"), session=session)["TrainingJobName"]
+    for dry_run in ([], ["--dry-run"]):
+        assert launcher.main(["start", *args, *dry_run]) == 2
+        assert message in capsys.readouterr().err
+    assert _jobs(session) == [earlier]
+
+
+# The rule itself is tested in test_run_names.py; here, that the launcher applies it.
+@pytest.mark.parametrize("name", ["../other", "a/b", ".hidden", "x" * 64])
 def test_a_run_name_that_is_not_a_directory_name_is_refused(sagemaker_env, name):
     session = boto3.session.Session()
     deploy_stack(session)
-    with pytest.raises(LaunchError, match="run name"):
+    with pytest.raises(LaunchError, match=f"run name {re.escape(repr(name))}: use letters, digits and hyphens"):
         launcher.start_job(JobSpec(run_name=name), session=session, dry_run=True)
 
 
@@ -139,6 +188,8 @@ def test_dry_run_prints_the_request_and_sends_nothing(sagemaker_env, capsys):
     (["--instance-type", "p4d.24xlarge"], "not a SageMaker type"),
     (["--train-path", "data/coco"], "absolute path on the EFS file system"),
     (["--stack", "NoSuchStack"], "stack 'NoSuchStack' does not exist"),
+    # A new run is <job name>-<UTC time>-<4 hex>: 21 characters after the base, 63 in all.
+    (["--job-name", "x" * 43], "at most 42 characters"),
 ])
 def test_bad_input_is_refused_before_anything_is_sent(sagemaker_env, capsys, args, message):
     session = boto3.session.Session()
@@ -208,8 +259,8 @@ def test_fsx_reads_the_train_channel_from_lustre_in_its_subnet(sagemaker_env, ca
     sent = capture_requests(session)
     launcher.start_job(JobSpec(fsx=True, run_name="r1"), session=session)
     (body,) = sent
-    # The CLI flag builds the same request.
-    assert launcher.main(["start", "--fsx", "--run-name", "r1", "--dry-run"]) == 0
+    # The CLI flag builds the same request (for r1, which now exists, continuing it).
+    assert launcher.main(["start", "--fsx", "--run-name", "r1", "--resume", "--dry-run"]) == 0
     printed = json.loads(capsys.readouterr().out)
     assert (printed["InputDataConfig"], printed["VpcConfig"]) == (body["InputDataConfig"], body["VpcConfig"])
     channels = {c["ChannelName"]: c["DataSource"]["FileSystemDataSource"] for c in body["InputDataConfig"]}
