@@ -98,7 +98,8 @@ class Notebook(Construct):
                      "sagemaker:AddTags"],
             resources=[training_job_arn]))
         self.role.add_to_policy(iam.PolicyStatement(
-            sid="ListTrainingJobs", actions=["sagemaker:ListTrainingJobs"], resources=["*"]))
+            # Search: whether a run name is taken (launch/sagemaker/launcher.py finds a run's jobs by tag).
+            sid="ListTrainingJobs", actions=["sagemaker:ListTrainingJobs", "sagemaker:Search"], resources=["*"]))
         self.role.add_to_policy(iam.PolicyStatement(
             sid="PassOnlyTheTrainingRole", actions=["iam:PassRole"],
             resources=[training_role.role_arn],
@@ -115,7 +116,7 @@ class Notebook(Construct):
             resources=[Aws.STACK_ID]))
         acknowledge(
             self.role, "AwsSolutions-IAM5[Resource::*]",
-            "Only sagemaker:ListTrainingJobs, which has no resource-level scoping.")
+            "Only sagemaker:ListTrainingJobs and sagemaker:Search, which have no resource-level scoping.")
         acknowledge(
             self.role, "AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:sagemaker:"
                        "<AWS::Region>:<AWS::AccountId>:training-job/*]",

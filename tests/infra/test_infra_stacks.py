@@ -746,7 +746,7 @@ def test_notebook_may_run_training_jobs_and_pass_only_the_training_role(default_
     policy = policy_of(default_synth, SAGEMAKER, "NotebookRole")
     all_actions = {a for s in policy for a in actions(s)}
     assert {"sagemaker:CreateTrainingJob", "sagemaker:DescribeTrainingJob",
-            "sagemaker:StopTrainingJob", "sagemaker:ListTrainingJobs",
+            "sagemaker:StopTrainingJob", "sagemaker:ListTrainingJobs", "sagemaker:Search",
             "cloudformation:DescribeStacks", "iam:PassRole"} <= all_actions
     (pass_role,) = [s for s in policy if "iam:PassRole" in actions(s)]
     training_role = next(lid for lid in default_synth.resources(SAGEMAKER, "AWS::IAM::Role")
