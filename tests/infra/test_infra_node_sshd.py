@@ -51,11 +51,13 @@ ip addr add {PRIVATE_IP}/24 dev node0
 ip addr add {OTHER_IP}/16 dev other0
 ip link set node0 up
 ip link set other0 up
-MASKRCNN_CLUSTER_DIR={cluster_dir} bash {ENTRYPOINT} cluster-node 2> {tmp_path / 'sshd.log'} &
-sshd=$!
+# Its own process group: the entry starts sshd in the background and then the Slurm daemons
+# (which stop at once here, without a munge key), so the group is what ends sshd too.
+MASKRCNN_CLUSTER_DIR={cluster_dir} setsid bash {ENTRYPOINT} cluster-node 2> {tmp_path / 'sshd.log'} &
+node=$!
 for _ in $(seq 100); do ss -ltnH | grep -q ':2222 ' && break; sleep 0.1; done
 ss -ltnH
-kill "$sshd"
+kill -- -"$node"
 """
     result = subprocess.run(["unshare", "--net", "--mount", "--propagation", "private",
                              "bash", "-c", script], capture_output=True, text=True, timeout=60)
