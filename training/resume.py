@@ -5,9 +5,9 @@ A checkpoint's global step counts batches of the global batch of the run that wr
 schedule is one of images: the steps per epoch, LR boundaries and last step all scale with the
 global batch (``config.finalize``). So a run continues at the step holding the images already
 seen: ``step = saved step x saved global batch // this global batch``; the LR then follows the
-linear scaling rule for the new global batch. The cluster launcher resumes on another rank count
-only when told to (``--allow-fewer-ranks``); a SageMaker job restarted on another instance count
-resumes the same way.
+linear scaling rule for the new global batch. A cluster job resumes on the node count it asked for
+(``maskrcnn-job submit --nodes``); a new job for the same run on another count, or a SageMaker job
+restarted on another instance count, resumes this way.
 
 Which global batch a checkpoint's step counts is read from the log dir's ``config.json``: the
 config of the run that last started there, which also records the checkpoint that run resumed from
