@@ -13,6 +13,18 @@ of the allocation after the job prolog has checked every node. Each attempt:
    ``scontrol requeue``, so the next attempt resumes from the latest checkpoint in the same log
    directory, on the same number of nodes (the job asks for a fixed count).
 
+Stopping keeps every step trained: the ranks themselves get SIGTERM, finish their step, agree on it,
+and rank 0 saves its checkpoint and writes ``stopped.json`` (training/stopping.py). When Slurm ends
+the attempt (``scancel``, ``maskrcnn-job stop``, ``scontrol requeue``, a node's interruption) it sends
+SIGTERM to every process of the job on every node, the ranks included, and SIGKILL ``KillWait``
+seconds later. mpirun and Open MPI's daemons get that SIGTERM too and answer it by killing their
+ranks: ``MPI_SIGKILL_TIMEOUT_S`` gives the ranks time to save first. This script reports the stop
+(the step and the checkpoint, from ``stopped.json``) and ends mpirun once the ranks are done. It
+also signals the ranks itself, on every node (an ``srun --overlap`` step running
+``launch.rank_signals``), never through mpirun: that is what reaches them when the watchdog stops a
+stalled run or a SIGTERM reached this script alone (Slurm refuses the step once it is ending the job).
+Ranks still running after a grace period are killed.
+
 A node that fails (its slurmd stops answering, its health check fails) ends the attempt too: Slurm
 kills and requeues the job itself. Slurm counts attempts in ``SLURM_RESTART_COUNT``.
 """
@@ -20,20 +32,41 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import signal
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from launch.cluster.launch_command import format_command, mpirun_in_allocation, train_command
+from launch.cluster.slurm import KILL_WAIT_S
 from launch.cluster.stage import DataPlan, stage_argv
+from training.run_status import read_heartbeat, read_stop_record
+from training.stopping import STOPPED_EXIT_STATUS
 
 CONFIG_ERROR_STATUS = 2      # training.train's exit status for bad configuration or data
 STALLED_STATUS = 3           # this attempt was stopped by the step watchdog
-HEARTBEAT_FILE = "heartbeat.json"
 WATCH_POLL_S = 10
+# After Slurm's SIGTERM: how long mpirun gets to end (the ranks save a checkpoint and exit) before
+# it is killed, leaving time to report before Slurm's own SIGKILL at KillWait.
+STOP_GRACE_S = KILL_WAIT_S - 20
+# After the watchdog's stop request: a rank stuck in a collective never reaches the step at which
+# the ranks agree to stop, so they are killed sooner.
+STALL_GRACE_S = 60
+# Open MPI's kill path (mpirun or orted signalled, or a rank exiting with a non-zero status): SIGCONT
+# to the ranks, this long, SIGTERM, this long again, SIGKILL (Open MPI 4.1.4, measured; the default
+# of 1 s kills a rank 2 s after Slurm's SIGTERM reached mpirun, long before it saved). Twice this fits
+# in STOP_GRACE_S. The price: mpirun and its daemons wait out both delays whenever they take that
+# path, even after their ranks have exited, so a stopped, requeued or failed attempt frees its nodes
+# about twice this long later.
+MPI_SIGKILL_TIMEOUT_S = STOP_GRACE_S // 2
+# The ranks exit within seconds of rank 0 writing stopped.json, but mpirun, having seen a rank exit
+# with a non-zero status, first waits out its kill path: it is ended this long after the record.
+AFTER_STOP_RECORD_S = 15
+SIGNAL_STEP_TIMEOUT_S = 30
 
 
 def attempt_number() -> int:
@@ -41,25 +74,102 @@ def attempt_number() -> int:
 
 
 def heartbeat_step(logdir: str) -> int | None:
-    import json
+    """The step of the run's last heartbeat (``maskrcnn-job list`` shows it), or None."""
+    beat = read_heartbeat(logdir)
+    return beat["step"] if beat else None
+
+
+def mpirun_env(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """mpirun's environment: the job's, with Open MPI's kill delay (mpirun reads OMPI_MCA_ variables
+    and srun passes them on to the daemons it starts on the other nodes)."""
+    return {**(os.environ if environ is None else environ),
+            "OMPI_MCA_odls_base_sigkill_timeout": str(MPI_SIGKILL_TIMEOUT_S)}
+
+
+def srun_per_node(nodes: int) -> list[str]:
+    """``srun`` with one task on each of the job's ``nodes``. ``--ntasks`` too: inside a batch job,
+    srun otherwise takes the job's task count (one per GPU) from SLURM_NTASKS and ignores
+    ``--ntasks-per-node=1``."""
+    return ["srun", f"--nodes={nodes}", f"--ntasks={nodes}", "--ntasks-per-node=1"]
+
+
+def signal_ranks_argv(logdir: str, *, nodes: int, sig: str = "TERM") -> list[str]:
+    """A step that sends ``sig`` to the run's ranks on every node (launch.rank_signals on each).
+    ``--overlap``: it runs beside mpirun's step, which holds the nodes' CPUs."""
+    return [*srun_per_node(nodes), "--overlap", sys.executable, "-m", "launch.rank_signals",
+            "--logdir", logdir, "--signal", sig]
+
+
+def signal_every_node(logdir: str, nodes: int, sig: str) -> bool:
+    """Runs :func:`signal_ranks_argv`; whether every node's task succeeded."""
     try:
-        return int(json.loads(Path(logdir, HEARTBEAT_FILE).read_text())["step"])
-    except (FileNotFoundError, ValueError, KeyError, TypeError):
-        return None
+        rc = subprocess.call(signal_ranks_argv(logdir, nodes=nodes, sig=sig), timeout=SIGNAL_STEP_TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        print(f"could not signal the ranks on every node with srun: {err}", flush=True)
+        return False
+    if rc != 0:
+        print(f"signalling the ranks on every node with srun failed (exit {rc})", flush=True)
+    return rc == 0
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL ``proc`` (started in a session of its own) and what it started on this node."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+class AttemptStop:
+    """Stops the attempt's training once (the first request wins): SIGTERM to the ranks on every
+    node (``signal_ranks("TERM")``), then, if mpirun is still running ``grace_s`` later, SIGKILL to
+    them and to mpirun. ``kind`` is the first request's: ``"slurm"`` or ``"stall"``."""
+
+    def __init__(self, proc: subprocess.Popen, signal_ranks: Callable[[str], object], *, poll_s: float = 1.0):
+        self.proc, self.signal_ranks, self.poll_s = proc, signal_ranks, poll_s
+        self.kind: str | None = None
+        self.killed = False
+        self._lock = threading.Lock()
+
+    def request(self, kind: str, reason: str, grace_s: float) -> None:
+        # Called from a signal handler too: the waiting and printing happen in a thread.
+        with self._lock:
+            if self.kind is not None:
+                return
+            self.kind = kind
+            threading.Thread(target=self._stop, args=(reason, grace_s), daemon=True, name="attempt-stop").start()
+
+    def _stop(self, reason: str, grace_s: float) -> None:
+        deadline = time.monotonic() + grace_s
+        print(f"{reason}: asking the ranks on every node to save a checkpoint and stop (SIGTERM)", flush=True)
+        if not self.signal_ranks("TERM") and self.kind == "slurm":
+            print("(Slurm starts no new job step while it ends the job; its own SIGTERM reached every rank)",
+                  flush=True)
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                return
+            time.sleep(self.poll_s)
+        if self.proc.poll() is not None:
+            return
+        print(f"training still running {grace_s:.0f} s after the stop request: killing it", flush=True)
+        self.killed = True
+        self.signal_ranks("KILL")
+        kill_group(self.proc)
 
 
 class StepWatchdog:
-    """Stops ``proc`` when the heartbeat's step has not advanced for ``stall_s`` seconds.
+    """Calls ``on_stall(step)`` once when the heartbeat's step has not advanced for ``stall_s`` seconds.
 
     The clock starts when the attempt starts (a run's first step includes building the graph and
     loading data, so ``stall_s`` must allow for that) and restarts at every new step."""
 
-    def __init__(self, proc: subprocess.Popen, logdir: str, *, stall_s: float, poll_s: float = WATCH_POLL_S,
-                 clock=time.monotonic):
-        self.proc, self.logdir, self.stall_s, self.poll_s, self.clock = proc, logdir, stall_s, poll_s, clock
+    def __init__(self, proc: subprocess.Popen, logdir: str, *, stall_s: float, on_stall: Callable[[int | None], None],
+                 poll_s: float = WATCH_POLL_S, clock=time.monotonic):
+        self.proc, self.logdir, self.stall_s, self.on_stall = proc, logdir, stall_s, on_stall
+        self.poll_s, self.clock = poll_s, clock
         self.stalled_at: int | None = None
         self.fired = False
-        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread = threading.Thread(target=self._watch, daemon=True, name="step-watchdog")
 
     def start(self) -> StepWatchdog:
         self._thread.start()
@@ -74,21 +184,57 @@ class StepWatchdog:
                 step, since = now_step, self.clock()
             elif self.clock() - since > self.stall_s:
                 self.fired, self.stalled_at = True, step
-                print(f"watchdog: no training step for {self.stall_s / 60:.0f} min (last step "
+                print(f"watchdog: no training step for {self.stall_s / 60:g} min (last step "
                       f"{step if step is not None else 'none yet'}): stopping this attempt", flush=True)
-                _stop(self.proc)
+                self.on_stall(step)
                 return
 
 
-def _stop(proc: subprocess.Popen, grace_s: float = 100) -> None:
-    """SIGTERM the ranks (training checkpoints at the next step if it can), SIGKILL after ``grace_s``."""
+def wait_for_training(proc: subprocess.Popen, logdir: str, *, since: float, poll_s: float = 2.0,
+                      after_record_s: float = AFTER_STOP_RECORD_S) -> int:
+    """mpirun's exit status, or its kill signal (negative) when it was ended ``after_record_s``
+    after a stop record written at or after ``since`` (unix seconds)."""
+    while True:
+        try:
+            return proc.wait(timeout=poll_s)
+        except subprocess.TimeoutExpired:
+            pass
+        record = read_stop_record(logdir, since=since)
+        if record is not None and time.time() - record["time"] > after_record_s:
+            kill_group(proc)
+            return proc.wait()
+
+
+def describe_stop(record: dict, logdir: str) -> str:
+    """One line for the job's log from ``stopped.json``."""
+    if record.get("checkpoint"):
+        return (f"training stopped at step {record['step']} with checkpoint {record['checkpoint']} "
+                f"({os.path.join(logdir, record['checkpoint'])})")
+    return (f"training stopped at step {record['step']} but could not save its checkpoint (see the ranks' "
+            f"errors above): it resumes from the latest earlier checkpoint in {logdir}")
+
+
+def restarts(scontrol_show_job: str) -> int | None:
+    """How often Slurm has requeued a job, from ``scontrol show job`` output (its Restarts field)."""
+    found = re.search(r"\bRestarts=(\d+)", scontrol_show_job)
+    return int(found.group(1)) if found else None
+
+
+def requeued_during(attempt: int) -> bool | None:
+    """Whether Slurm requeued this job during this attempt (rather than cancelling it); None when
+    scontrol cannot tell."""
     try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=grace_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+        out = subprocess.run(["scontrol", "show", "job", "-o", os.environ["SLURM_JOB_ID"]], capture_output=True,
+                             text=True, timeout=30).stdout
+    except (KeyError, OSError, subprocess.TimeoutExpired):
+        return None
+    count = restarts(out)
+    return None if count is None else count >= attempt
+
+
+def exit_status(rc: int) -> int:
+    """A Popen return code as a shell reports it: 128 + N for a process killed by signal N."""
+    return 128 - rc if rc < 0 else rc
 
 
 def requeue() -> None:
@@ -117,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.stage_from:
         plan = DataPlan(train_dir=a.data_dir, stage_from=a.stage_from)
         print(f"copying {a.stage_from} to {a.data_dir} on every node (skipped where complete)", flush=True)
-        rc = subprocess.call(["srun", "--ntasks-per-node=1", "--kill-on-bad-exit=1", *stage_argv(plan)])
+        rc = subprocess.call([*srun_per_node(nodes), "--kill-on-bad-exit=1", *stage_argv(plan)])
         if rc != 0:
             print(f"copying the dataset to local NVMe failed (exit {rc}); see the lines above", flush=True)
             return _fail_or_requeue(rc, attempt, a.max_attempts)
@@ -126,21 +272,58 @@ def main(argv: list[str] | None = None) -> int:
                                train=train_command(logdir=a.logdir, data_dir=a.data_dir, overrides=a.overrides))
     print(format_command(cmd), flush=True)
     Path(a.logdir).mkdir(parents=True, exist_ok=True)
-    proc = subprocess.Popen(cmd, start_new_session=True)
-    forward = lambda signum, _frame: _stop(proc)          # noqa: E731  scancel / requeue: stop the ranks
-    signal.signal(signal.SIGTERM, forward)
-    watchdog = StepWatchdog(proc, a.logdir, stall_s=a.stall_minutes * 60).start()
-    rc = proc.wait()
-    if watchdog.fired:
-        rc = STALLED_STATUS
+    started = time.time()
+    proc = subprocess.Popen(cmd, start_new_session=True, env=mpirun_env())
+    stop = AttemptStop(proc, lambda sig: signal_every_node(a.logdir, nodes, sig))
+    signal.signal(signal.SIGTERM, lambda _signum, _frame: stop.request(
+        "slurm", "Slurm is ending this attempt (SIGTERM: scancel, requeue or a node's interruption)", STOP_GRACE_S))
+    StepWatchdog(proc, a.logdir, stall_s=a.stall_minutes * 60,
+                 on_stall=lambda _step: stop.request("stall", "watchdog", STALL_GRACE_S)).start()
+    rc = exit_status(wait_for_training(proc, a.logdir, since=started))
+    record = read_stop_record(a.logdir, since=started)
+    return end_attempt(rc, logdir=a.logdir, record=record, stop=stop.kind, attempt=attempt,
+                       max_attempts=a.max_attempts,
+                       requeued=requeued_during(attempt) if stop.kind == "slurm" else None)
+
+
+def end_attempt(rc: int, *, logdir: str, record: dict | None, stop: str | None, attempt: int,
+                max_attempts: int, requeued: bool | None = None) -> int:
+    """Reports how training ended and what happens next; the job script's exit status.
+
+    ``record``: this attempt's ``stopped.json``; ``stop``: who asked training to stop
+    (:attr:`AttemptStop.kind`); ``requeued``: for a stop by Slurm, whether it requeued the job
+    (False: cancelled; None: unknown)."""
+    run = os.path.basename(os.path.normpath(logdir))
+    if record is not None:
+        print(describe_stop(record, logdir), flush=True)
+    if stop == "stall":
+        return _fail_or_requeue(STALLED_STATUS, attempt, max_attempts)
+    if stop == "slurm":
+        # Slurm requeues or cancels the job itself: this script only reports.
+        saved = record is not None and record.get("checkpoint")
+        start = f"from {record['checkpoint']}" if saved else f"from the latest checkpoint in {logdir}"
+        if record is None:
+            print(f"training ended (exit {rc}) without saving at the stop", flush=True)
+        resume = f"`maskrcnn-job submit --run-name {run} --resume` continues {start}"
+        print({True: f"Slurm requeued this job: its next attempt resumes {start}",
+               False: f"the job was cancelled: {resume}",
+               None: f"Slurm ended this attempt: if it requeued the job, the next attempt resumes {start}; "
+                     f"if it was cancelled, {resume}"}[requeued], flush=True)
+        return STOPPED_EXIT_STATUS if record is not None else rc
+    if record is not None or rc == STOPPED_EXIT_STATUS:
+        # The ranks were signalled directly (launch.rank_signals by hand): a stop asked for, not a failure.
+        if record is None:
+            print("training was stopped before its first step: nothing to save", flush=True)
+        print(f"the run stopped on request; `maskrcnn-job submit --run-name {run} --resume` continues it", flush=True)
+        return STOPPED_EXIT_STATUS
     if rc == 0:
-        print(f"training finished; logs and checkpoints in {a.logdir}", flush=True)
+        print(f"training finished; logs and checkpoints in {logdir}", flush=True)
         return 0
     if rc == CONFIG_ERROR_STATUS:
         print(f"training rejected its configuration or data (exit {rc}, see the error above); fix it and "
               f"submit again: restarting would not help", flush=True)
         return rc
-    return _fail_or_requeue(rc, attempt, a.max_attempts)
+    return _fail_or_requeue(rc, attempt, max_attempts)
 
 
 def _fail_or_requeue(rc: int, attempt: int, max_attempts: int) -> int:

@@ -13,7 +13,9 @@ mid-run (its processes killed, as when its machine goes): the job is requeued, t
 instance (moto launches a new one at another IP; the dead host comes back at that IP as a new node),
 the replacement claims the dead node's Slurm name, and the next attempt resumes from the checkpoint on
 the same three ranks. `list`, `status`, `logs` and `stop` are the project's wrappers over squeue,
-the job-completion log and scancel.
+the job-completion log and scancel; a run stopped while it trains keeps its last step: Slurm's SIGTERM
+reaches every rank (mpirun's too, which then gives them time), rank 0 saves a checkpoint of the step
+all ranks stopped after, and the job's log names it.
 """
 import json
 import os
@@ -24,6 +26,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from training.run_status import read_heartbeat, read_stop_record
 
 from emulated_cluster import (CREATE_GROUPS, EPOCHS, GROUPS, MAX_STEPS, MOTO_PORT, REPLACE_INSTANCE,
                                    STEPS_PER_EPOCH, TRAINING, VPC_CIDR, _host_env, _readdress)
@@ -178,12 +182,28 @@ def test_a_run_is_a_slurm_job_that_is_requeued_and_resumes_after_a_worker_dies(s
     assert "training finished" in logs
     assert _runs(master, env)["emulated"]["job_id"] == job_id
 
-    # Another run, stopped through the wrapper: scancel, and the job-completion log says CANCELLED.
-    second = _job(master, env, "submit", *TRAINING)
+    # Another run, stopped through the wrapper while it trains: scancel. The ranks finish their step
+    # and rank 0 saves it; the job-completion log says CANCELLED. Its schedule is long enough (a step
+    # takes about a second here) that the stop lands well before its end.
+    second = _job(master, env, "submit", *TRAINING, f"TRAIN.LR_EPOCH_SCHEDULE=[({EPOCHS - 1}, 0.5), (50, None)]")
     assert second.returncode == 0, second.stderr
     name = re.search(r"submitted run (\S+) as job", second.stdout).group(1)
     assert name.startswith("maskrcnn-") and name != "emulated"
+    run = efs / "logs" / name
+    _wait(lambda: (read_heartbeat(str(run)) or {}).get("step", 0) >= 1, 400, "the second run's first steps",
+          poll=0.5)
+    stop_asked = time.time()
     stop = _job(master, env, "stop", name)
     assert stop.returncode == 0, stop.stderr
-    _wait(lambda: _runs(master, env).get(name, {}).get("state", "").startswith("CANCELLED"), 180,
+    record = _wait(lambda: read_stop_record(str(run)), 150, "the stopped run's stopped.json")
+    assert record["signal"] == "SIGTERM" and record["step"] >= 1 and record["time"] >= stop_asked
+    assert record["checkpoint"] == f"model-{record['step']}", record
+    assert (run / f"{record['checkpoint']}.index").exists()
+    assert f'model_checkpoint_path: "{record["checkpoint"]}"' in (run / "checkpoint").read_text()
+    # mpirun and Open MPI's daemons end after their kill delay (twice job.MPI_SIGKILL_TIMEOUT_S)
+    _wait(lambda: _runs(master, env).get(name, {}).get("state", "").startswith("CANCELLED"), 240,
           "the stopped run to be CANCELLED")
+    logs = _job(master, env, "logs", name).stdout
+    assert f"training stopped at step {record['step']} with checkpoint {record['checkpoint']}" in logs, logs[-3000:]
+    assert (f"the job was cancelled: `maskrcnn-job submit --run-name {name} --resume` continues from "
+            f"{record['checkpoint']}") in logs, logs[-3000:]

@@ -19,7 +19,9 @@ Why processes, and why started this way:
 * Workers die with the parent: each holds the read end of a "lifeline" pipe whose only write
   end is in the parent; when the parent closes the pool, exits, crashes or is killed, the pipe
   reads EOF and the worker exits at once. Workers ignore SIGINT: Ctrl-C reaches the whole
-  process group, and the parent (which gets it too) is the one that shuts them down.
+  process group, and the parent (which gets it too) is the one that shuts them down. They ignore
+  SIGTERM too: a stop request is the trainer's (training/stopping.py), which finishes its step and
+  saves a checkpoint with their batches, but Slurm's scancel sends it to every process of the job.
 * A worker's exception comes back as text (its traceback and the image's path) and is raised
   in the parent as :class:`InputWorkerError`; a worker that dies (killed, out of memory, a
   segfault in a native library) is reported with its exit status and the images it held.
@@ -233,7 +235,8 @@ def _serve(sock: socket.socket) -> None:
 
 def main(argv=None) -> None:
     sock_fd, lifeline = (int(a) for a in (argv or sys.argv[1:]))
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for sig in (signal.SIGINT, signal.SIGTERM):   # the trainer decides when its workers end (see above)
+        signal.signal(sig, signal.SIG_IGN)
     threading.Thread(target=_exit_with_parent, args=(lifeline,), daemon=True, name="lifeline").start()
     try:
         _serve(socket.socket(fileno=sock_fd))

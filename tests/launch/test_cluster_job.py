@@ -1,0 +1,301 @@
+"""A cluster job's attempt (launch/cluster/job.py) without Slurm: the real mpirun command of the job
+(Open MPI runs it on this machine when there is no allocation) starting stand-in ranks, the real
+``launch.rank_signals`` that the job's srun step runs on every node, the step watchdog reading a
+real heartbeat file, and the real input worker processes.
+
+The stand-in rank is ``python -m training.train --logdir LOGDIR`` as the job starts it: it records
+SIGTERM, "saves" for a few seconds (a step's end and a checkpoint), writes ``stopped.json`` through
+training.run_status (rank 0) and exits with STOPPED_EXIT_STATUS; or, hung in a collective, never
+acts on SIGTERM.
+"""
+import gc
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from launch.cluster import job
+from launch.cluster.launch_command import mpirun_in_allocation
+from launch.rank_signals import training_ranks
+from training.run_status import read_stop_record, write_heartbeat
+from training.stopping import STOPPED_EXIT_STATUS
+
+REPO = Path(__file__).resolve().parents[2]
+RANKS = 2
+
+STAND_IN_RANK = """
+    import os, signal, sys, time
+    from training import run_status, stopping
+
+    logdir = sys.argv[sys.argv.index("--logdir") + 1]
+    rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
+    requests = []
+    signal.signal(signal.SIGTERM, lambda *_: requests.append(time.time()))
+    if rank == 0:
+        run_status.write_heartbeat(logdir, step=1, epoch=1)
+    open(os.path.join(logdir, f"up-{rank}"), "w").close()
+    step = 1
+    while not requests:
+        time.sleep(0.05)
+        step += os.environ["STAND_IN"] == "train"
+    if os.environ["STAND_IN"] == "hang":        # stuck in a collective: the stop request is never acted on
+        while True:
+            time.sleep(1)
+    time.sleep(float(os.environ["SAVE_S"]))     # the step's end and the checkpoint
+    if rank == 0:
+        open(os.path.join(logdir, f"model-{step}.index"), "w").close()
+        run_status.write_stop_record(logdir, signal="SIGTERM", step=step, epoch=1, checkpoint=f"model-{step}")
+    open(os.path.join(logdir, f"saved-{rank}"), "w").write(str(len(requests)))
+    sys.exit(stopping.STOPPED_EXIT_STATUS)
+"""
+
+needs_mpirun = pytest.mark.skipif(not shutil.which("mpirun"), reason="Open MPI's mpirun is not installed "
+                                  "(Debian package openmpi-bin; scripts/install.sh installs it)")
+
+
+@pytest.fixture
+def stand_in(tmp_path):
+    """A ``training`` package whose ``train`` module is the stand-in rank; its other modules are the
+    real ones (training.run_status, training.stopping)."""
+    pkg = tmp_path / "stand_in" / "training"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text(f"__path__.append({str(REPO / 'training')!r})\n")
+    (pkg / "train.py").write_text(textwrap.dedent(STAND_IN_RANK))
+    return pkg.parent
+
+
+def _start_mpirun(stand_in: Path, logdir: Path, *, mode: str, save_s: float = 2.0, env=None) -> subprocess.Popen:
+    """The job's mpirun command and environment (job.mpirun_env unless ``env``) for RANKS stand-in ranks."""
+    logdir.mkdir(exist_ok=True)
+    base = dict(os.environ, PYTHONPATH=f"{stand_in}{os.pathsep}{REPO}", STAND_IN=mode, SAVE_S=str(save_s),
+                OMPI_MCA_rmaps_base_oversubscribe="1")      # more ranks than cores on a small machine
+    cmd = mpirun_in_allocation(ranks=RANKS, train=[sys.executable, "-m", "training.train", "--logdir", str(logdir)])
+    proc = subprocess.Popen(cmd, cwd=stand_in, env=job.mpirun_env(base) if env is None else {**base, **env},
+                            start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while not all((logdir / f"up-{r}").exists() for r in range(RANKS)):
+        assert proc.poll() is None and time.monotonic() < deadline, "the stand-in ranks did not start"
+        time.sleep(0.1)
+    return proc
+
+
+def _signal_here(logdir: Path):
+    """What job.signal_every_node's srun step runs on each node, run on this one."""
+    on_each_node = job.signal_ranks_argv(str(logdir), nodes=1, sig="{sig}")
+    on_each_node = on_each_node[on_each_node.index("--overlap") + 1:]
+
+    def send(sig: str) -> bool:
+        return subprocess.call([a.format(sig=sig) for a in on_each_node], cwd=REPO) == 0
+    return send
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@needs_mpirun
+def test_a_stop_request_reaches_every_rank_which_saves_and_the_job_reports_the_checkpoint(stand_in, tmp_path, capfd):
+    logdir = tmp_path / "run"
+    started = time.time()
+    proc = _start_mpirun(stand_in, logdir, mode="train")
+    stop = job.AttemptStop(proc, _signal_here(logdir))
+    stop.request("slurm", "Slurm is ending this attempt", job.STOP_GRACE_S)
+    rc = job.exit_status(job.wait_for_training(proc, str(logdir), since=started, after_record_s=1))
+    record = read_stop_record(str(logdir), since=started)
+    # every rank got exactly one request and finished its save: none was killed by mpirun
+    assert [(logdir / f"saved-{r}").read_text() for r in range(RANKS)] == ["1"] * RANKS
+    assert record["checkpoint"] == f"model-{record['step']}" and (logdir / f"{record['checkpoint']}.index").exists()
+    assert not stop.killed
+    status = job.end_attempt(rc, logdir=str(logdir), record=record, stop=stop.kind, attempt=1, max_attempts=4,
+                             requeued=True)
+    assert status == STOPPED_EXIT_STATUS
+    out = capfd.readouterr().out
+    assert f"SIGTERM sent to {RANKS} training rank(s) of {logdir} on this host" in out
+    assert (f"training stopped at step {record['step']} with checkpoint model-{record['step']} "
+            f"({logdir / record['checkpoint']})") in out
+    assert f"Slurm requeued this job: its next attempt resumes from model-{record['step']}" in out
+
+
+@needs_mpirun
+@pytest.mark.parametrize("kill_delay, saved", [("job", True), ("default", False)])
+def test_ranks_save_when_slurm_signals_mpirun_too_only_with_the_jobs_kill_delay(stand_in, tmp_path, kill_delay, saved):
+    # scancel and scontrol requeue send SIGTERM to every process of the job: the ranks and mpirun.
+    # mpirun then kills its ranks; Open MPI's default delay (1 s, then 1 s more before SIGKILL)
+    # leaves a rank that needs 4 s to save no chance.
+    logdir = tmp_path / "run"
+    started = time.time()
+    proc = _start_mpirun(stand_in, logdir, mode="train", save_s=4,
+                         env=None if kill_delay == "job" else {"OMPI_MCA_odls_base_sigkill_timeout": "1"})
+    os.kill(proc.pid, signal.SIGTERM)
+    assert _signal_here(logdir)("TERM")
+    job.wait_for_training(proc, str(logdir), since=started, after_record_s=1)
+    assert all((logdir / f"saved-{r}").exists() for r in range(RANKS)) is saved
+    assert (read_stop_record(str(logdir), since=started) is not None) is saved
+
+
+@needs_mpirun
+def test_a_stalled_attempt_is_stopped_and_its_hung_ranks_killed_after_the_grace(stand_in, tmp_path, capfd):
+    logdir = tmp_path / "run"
+    started = time.time()
+    proc = _start_mpirun(stand_in, logdir, mode="hang")
+    ranks = training_ranks(str(logdir))
+    assert len(ranks) == RANKS
+    stop = job.AttemptStop(proc, _signal_here(logdir), poll_s=0.1)
+    watchdog = job.StepWatchdog(proc, str(logdir), stall_s=1, poll_s=0.2,
+                                on_stall=lambda _step: stop.request("stall", "watchdog", 3)).start()
+    rc = job.exit_status(job.wait_for_training(proc, str(logdir), since=started, poll_s=0.2))
+    took = time.time() - started
+    assert watchdog.fired and watchdog.stalled_at == 1 and stop.kind == "stall" and stop.killed
+    assert 1 + 3 <= took < 30, took
+    assert rc == 128 + signal.SIGKILL
+    deadline = time.monotonic() + 10
+    while any(_alive(pid) for pid in ranks) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_alive(pid) for pid in ranks)
+    assert read_stop_record(str(logdir), since=started) is None
+    # the last attempt: it fails for good (an earlier one would be requeued with scontrol)
+    assert job.end_attempt(rc, logdir=str(logdir), record=None, stop=stop.kind, attempt=4,
+                           max_attempts=4) == job.STALLED_STATUS
+    out = capfd.readouterr().out
+    assert re.search(r"watchdog: no training step for [0-9.]+ min \(last step 1\): stopping this attempt", out)
+    assert f"SIGTERM sent to {RANKS} training rank(s)" in out and f"SIGKILL sent to {RANKS} training rank(s)" in out
+    assert "training still running 3 s after the stop request: killing it" in out
+    assert "attempt 4 failed (exit 3); that was the last of 4 attempts" in out
+
+
+def test_the_watchdog_waits_while_steps_advance(tmp_path):
+    logdir = tmp_path / "run"
+    logdir.mkdir()
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    stalls = []
+    try:
+        watchdog = job.StepWatchdog(sleeper, str(logdir), stall_s=0.6, poll_s=0.1, on_stall=stalls.append).start()
+        for step in range(1, 16):          # 3 s of steps, 0.2 s apart
+            write_heartbeat(str(logdir), step=step, epoch=1)
+            time.sleep(0.2)
+        assert not watchdog.fired and stalls == []
+        time.sleep(1.5)                    # no step for more than stall_s
+        assert watchdog.fired and stalls == [15]
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def test_the_srun_step_that_signals_every_node_is_valid_for_this_slurm(tmp_path):
+    # Slurm's own srun parses the options before it contacts the controller (none here): an option
+    # it does not know ends it with "unrecognized option" (status 255).
+    if not shutil.which("srun"):
+        pytest.skip("Slurm's srun is not installed (Debian package slurm-client; scripts/install.sh installs it)")
+    conf = tmp_path / "slurm.conf"
+    conf.write_text("ClusterName=t\nSlurmctldHost=nobody(127.0.0.1)\nSlurmctldPort=9\nMessageTimeout=1\n"
+                    "NodeName=master CPUs=1 State=CLOUD\nPartitionName=train Nodes=master Default=YES\n")
+    argv = job.signal_ranks_argv("/efs/logs/run1", nodes=3)
+    # srun(1) of Slurm 22.05: --overlap lets the step share the nodes with mpirun's running step;
+    # --ntasks, or srun takes the job's task count from SLURM_NTASKS and runs several per node.
+    assert {"--overlap", "--nodes=3", "--ntasks=3", "--ntasks-per-node=1"} <= set(argv)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    out = subprocess.run(argv, env={**env, "SLURM_CONF": str(conf)}, capture_output=True, text=True, timeout=60)
+    assert "Unable to contact slurm controller" in out.stderr and out.returncode == 1, out.stderr
+
+
+# `scontrol show job` as Slurm 22.05 prints it, during the stop of a job that was requeued once.
+SHOW_JOB_REQUEUED = """JobId=1 JobName=run
+   UserId=root(0) GroupId=root(0) MCS_label=N/A
+   Priority=4294901759 Nice=0 Account=(null) QOS=(null)
+   JobState=COMPLETING Reason=None Dependency=(null)
+   Requeue=1 Restarts=1 BatchFlag=1 Reboot=0 ExitCode=0:0
+"""
+
+
+def test_requeued_or_cancelled_from_the_restart_count():
+    assert job.restarts(SHOW_JOB_REQUEUED) == 1
+    assert job.restarts(SHOW_JOB_REQUEUED.replace("Restarts=1", "Restarts=0")) == 0
+    assert job.restarts("slurm_load_jobs error: Invalid job id specified") is None
+
+
+@pytest.mark.parametrize("requeued, says", [
+    (False, "the job was cancelled: `maskrcnn-job submit --run-name run7 --resume` continues from model-40"),
+    (None, "Slurm ended this attempt: if it requeued the job, the next attempt resumes from model-40; if it was "
+           "cancelled, `maskrcnn-job submit --run-name run7 --resume` continues from model-40"),
+])
+def test_a_slurm_stop_says_how_the_run_continues(tmp_path, capsys, requeued, says):
+    record = {"signal": "SIGTERM", "step": 40, "epoch": 2, "checkpoint": "model-40", "time": time.time()}
+    status = job.end_attempt(137, logdir=str(tmp_path / "run7"), record=record, stop="slurm", attempt=1,
+                             max_attempts=4, requeued=requeued)
+    assert status == STOPPED_EXIT_STATUS
+    assert says in capsys.readouterr().out
+
+
+def test_a_stop_whose_save_failed_names_no_checkpoint(tmp_path, capsys):
+    record = {"signal": "SIGTERM", "step": 40, "epoch": 2, "checkpoint": None, "time": time.time()}
+    job.end_attempt(STOPPED_EXIT_STATUS, logdir=str(tmp_path / "run7"), record=record, stop="slurm", attempt=1,
+                    max_attempts=4, requeued=True)
+    out = capsys.readouterr().out
+    assert "training stopped at step 40 but could not save its checkpoint" in out
+    assert f"Slurm requeued this job: its next attempt resumes from the latest checkpoint in {tmp_path / 'run7'}" in out
+
+
+def test_ranks_stopped_by_hand_end_the_job_without_a_requeue(tmp_path, capsys):
+    record = {"signal": "SIGTERM", "step": 12, "epoch": 1, "checkpoint": "model-12", "time": time.time()}
+    assert job.end_attempt(STOPPED_EXIT_STATUS, logdir=str(tmp_path / "run7"), record=record, stop=None, attempt=1,
+                           max_attempts=4) == STOPPED_EXIT_STATUS
+    out = capsys.readouterr().out
+    assert "the run stopped on request; `maskrcnn-job submit --run-name run7 --resume` continues it" in out
+    assert "requeued" not in out
+
+
+# --------------------------------------------------------------------------------- input workers
+def _children(pid: int) -> set[int]:
+    found = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            if stat.rsplit(")", 1)[1].split()[1] == str(pid):
+                found.add(int(entry))
+    return found
+
+
+def test_input_workers_survive_sigterm_so_the_rank_can_finish_its_step(tmp_path):
+    # scancel sends SIGTERM to every process of the job, a rank's input workers too.
+    from training.config import finalize, new_config
+    from training.configs.cpu_synthetic import OVERRIDES
+    from training.data.coco import load_split
+    from training.data.pipeline import TrainingBatches
+    from training.data.synthetic import SyntheticSpec, generate
+    generate(tmp_path / "shapes", SyntheticSpec(train=6, val=1, size=80, min_object_size=16, max_object_size=40,
+                                                seed=4))
+    split = load_split(tmp_path / "shapes", "train2017")
+    cfg = new_config()
+    cfg.update_args(OVERRIDES + ["DATA.NUM_WORKERS=2", "TRAIN.BATCH_SIZE_PER_GPU=2"])
+    finalize(cfg, num_ranks=1, class_names=split.class_names, has_gpu=False)
+    before = _children(os.getpid())
+    it = iter(TrainingBatches(split.training_roidb(), cfg, seed=0))
+    next(it)
+    workers = _children(os.getpid()) - before
+    assert len(workers) == 2
+    for pid in workers:
+        os.kill(pid, signal.SIGTERM)
+    time.sleep(0.5)
+    assert all(_alive(pid) for pid in workers)
+    for _ in range(4):                 # and they still prepare batches
+        next(it)
+    assert all(_alive(pid) for pid in workers)
+    del it
+    gc.collect()                       # the pipeline closes its pool: the lifeline ends them
+    deadline = time.monotonic() + 10
+    while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_alive(pid) for pid in workers)
