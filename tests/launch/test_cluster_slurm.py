@@ -93,6 +93,15 @@ def _job(master, env, *args, timeout=60) -> subprocess.CompletedProcess:
     return master.run(["bash", str(ENTRYPOINT), "job", *args], env=env, timeout=timeout, cwd=str(REPO))
 
 
+def _signal_ranks(signal: str, *, logdir: str) -> None:
+    """Signals the run's ranks on every host (not mpirun, whose command line holds theirs)."""
+    subprocess.run(["pkill", f"-{signal}", "-f", rf"^[^ ]*python[^ ]* -m training[.]train --logdir {logdir} "], check=True)
+
+
+def _output(logdir: Path) -> str:
+    return "".join(out.read_text(errors="replace") for out in sorted(logdir.glob("slurm-*.out")))
+
+
 def _runs(master, env) -> dict[str, dict]:
     listed = _job(master, env, "list", "--json")
     assert listed.returncode == 0, listed.stderr
@@ -147,16 +156,29 @@ def test_a_run_is_a_slurm_job_that_is_requeued_and_resumes_after_a_worker_dies(s
     # A name in use is refused without --resume, before anything is queued.
     again = _job(master, env, "submit", "--run-name", "emulated", *TRAINING)
     assert again.returncode == 2 and "a run named emulated exists" in again.stderr
-    # The first epoch's checkpoint is written: kill a worker while the later epochs train.
+    # The first epoch's checkpoint is written: a worker is lost while the later epochs train. The
+    # ranks are held still meanwhile (SIGSTOP; the hosts share this machine's process table), so
+    # that the worker is lost mid-run however fast this machine is at the moment.
     state = logdir / "checkpoint"
     _wait(lambda: state.exists() and f"model-{STEPS_PER_EPOCH}" in state.read_text(), 400,
           "the first epoch's checkpoint", poll=0.2)
+    _signal_ranks("STOP", logdir="/efs/logs/emulated")
     assert f"model-{MAX_STEPS}" not in state.read_text()
     status = _job(master, env, "status", "emulated", "--json")
     assert json.loads(status.stdout)[0]["state"] == "RUNNING", status.stdout + status.stderr
-    # Which host is worker-2 in Slurm: the one whose instance holds the claim.
+    # The worker's link is cut: no TCP reset reaches the others, as when a machine loses power.
+    # mpirun's TCP keepalives notice within a minute (Open MPI's defaults would wait ~8 minutes).
     victim = hosts["node-c"]
+    victim.disconnect()
+    lost = time.time()
+    _signal_ranks("CONT", logdir="/efs/logs/emulated")
+    _wait(lambda: "ORTE has lost communication with a remote daemon" in _output(logdir), 120,
+          "mpirun to notice the lost worker")
+    noticed = time.time() - lost
+    print(f"mpirun noticed the lost worker {noticed:.0f} s after its link was cut")
+    assert noticed < 60, f"mpirun took {noticed:.0f} s to notice the lost worker"
     victim.stop()
+    victim.reconnect()
     # The group replaces the instance; the replacement boots as a node with a new instance id.
     others = [h.address for h in hosts if h is not victim]
     new = master.run([sys.executable, "-c", REPLACE_INSTANCE, victim.address, GROUPS["worker"][0], *others],
