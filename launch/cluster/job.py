@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -41,6 +42,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from launch.cluster.all_reduce import BUSBW_FLOORS, all_reduce_argv, judge_all_reduce
 from launch.cluster.launch_command import format_command, mpirun_in_allocation, train_command
 from launch.cluster.slurm import KILL_WAIT_S
 from launch.cluster.stage import DataPlan, stage_argv
@@ -49,6 +51,9 @@ from training.stopping import STOPPED_EXIT_STATUS
 
 CONFIG_ERROR_STATUS = 2      # training.train's exit status for bad configuration or data
 STALLED_STATUS = 3           # this attempt was stopped by the step watchdog
+FABRIC_STATUS = 4            # the all-reduce across the job's nodes failed or was too slow
+ALL_REDUCE_PROGRAM = "all_reduce_perf"    # nccl-tests, built into the training image
+ALL_REDUCE_TIMEOUT_S = 600
 WATCH_POLL_S = 10
 # After Slurm's SIGTERM: how long mpirun gets to end (the ranks save a checkpoint and exit) before
 # it is killed, leaving time to report before Slurm's own SIGKILL at KillWait.
@@ -214,6 +219,41 @@ def describe_stop(record: dict, logdir: str) -> str:
             f"errors above): it resumes from the latest earlier checkpoint in {logdir}")
 
 
+def check_fabric(*, nodes: int, gpus_per_node: int, instance_type: str, efa: bool,
+                 program: str | None = None) -> bool:
+    """nccl-tests' all-reduce across the job's nodes before training, judged against the instance
+    type's bus-bandwidth floor (launch/cluster/all_reduce.py). True when it passed or does not
+    apply (one node, no GPUs, no floor recorded for the type, no all_reduce_perf here: said so)."""
+    program = program or shutil.which(ALL_REDUCE_PROGRAM)
+    skip = None
+    if nodes < 2:
+        skip = "a single node"
+    elif instance_type not in BUSBW_FLOORS:   # CPU types among them
+        skip = f"no bus-bandwidth floor is recorded for {instance_type or 'this instance type'}"
+    elif not program:
+        skip = f"no {ALL_REDUCE_PROGRAM} on PATH"
+    if skip:
+        print(f"all-reduce check skipped: {skip}", flush=True)
+        return True
+    argv = all_reduce_argv(program, nodes=nodes, gpus_per_node=gpus_per_node, instance_type=instance_type, efa=efa)
+    print(f"all-reduce check across {nodes} nodes: {format_command(argv)}", flush=True)
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=ALL_REDUCE_TIMEOUT_S, env=mpirun_env())
+        text, failed = out.stdout + out.stderr, out.returncode != 0
+    except subprocess.TimeoutExpired as err:
+        text, failed = str(err.stdout or ""), True
+    verdict = judge_all_reduce(text, floor_gbps=BUSBW_FLOORS[instance_type].gbps, efa=efa)
+    if failed or not verdict.ok:
+        problems = list(verdict.problems) + ([f"{ALL_REDUCE_PROGRAM} failed or timed out"] if failed else [])
+        print(f"all-reduce check failed: {'; '.join(problems)}. A node's GPU interconnect or EFA path is "
+              f"degraded; `sinfo -R` and `python -m launch.cluster.node_health` on each node narrow it "
+              f"down. Its output:\n{text[-3000:]}", flush=True)
+        return False
+    print(f"all-reduce check passed: {verdict.busbw_gbps:g} GB/s average bus bandwidth "
+          f"(floor {verdict.floor_gbps:g})", flush=True)
+    return True
+
+
 def restarts(scontrol_show_job: str) -> int | None:
     """How often Slurm has requeued a job, from ``scontrol show job`` output (its Restarts field)."""
     found = re.search(r"\bRestarts=(\d+)", scontrol_show_job)
@@ -267,6 +307,8 @@ def main(argv: list[str] | None = None) -> int:
         if rc != 0:
             print(f"copying the dataset to local NVMe failed (exit {rc}); see the lines above", flush=True)
             return _fail_or_requeue(rc, attempt, a.max_attempts)
+    if not check_fabric(nodes=nodes, gpus_per_node=a.ranks_per_node, instance_type=a.instance_type, efa=a.efa):
+        return _fail_or_requeue(FABRIC_STATUS, attempt, a.max_attempts)
     cmd = mpirun_in_allocation(ranks=nodes * a.ranks_per_node, efa=a.efa,
                                instance_types=[a.instance_type] if a.instance_type else [],
                                train=train_command(logdir=a.logdir, data_dir=a.data_dir, overrides=a.overrides))

@@ -299,3 +299,36 @@ def test_input_workers_survive_sigterm_so_the_rank_can_finish_its_step(tmp_path)
     while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not any(_alive(pid) for pid in workers)
+
+
+# --- the all-reduce check before training ---------------------------------------------------------
+
+ALL_REDUCE_STAND_IN = REPO / "tests" / "recorded_machines" / "bin" / "all_reduce_perf"
+
+
+@pytest.mark.parametrize("machine, passes, said", [
+    # The published 2-node p4d.24xlarge run: 7.80 GB/s average bus bandwidth, above the floor of 5.8.
+    ("p4d-healthy", True, "all-reduce check passed: 7.80083 GB/s average bus bandwidth (floor 5.8)"),
+    # The same sweep over TCP sockets: 1.47 GB/s.
+    ("p4d-low-busbw", False, "avg bus bandwidth 1.46685 GB/s is below the floor of 5.8 GB/s"),
+])
+def test_the_all_reduce_across_the_nodes_is_judged_before_training(machine, passes, said, monkeypatch, capsys):
+    """The job's real mpirun command starts the recorded machine's all_reduce_perf (two ranks here,
+    one per node there) and the job judges what it prints."""
+    monkeypatch.setenv("RECORDED_MACHINE", machine)
+    assert job.check_fabric(nodes=2, gpus_per_node=1, instance_type="p4d.24xlarge", efa=False,
+                            program=str(ALL_REDUCE_STAND_IN)) is passes
+    out = capsys.readouterr().out
+    assert "mpirun --allow-run-as-root -np 2 " in out and said in out
+
+
+@pytest.mark.parametrize("nodes, instance_type, program, reason", [
+    (1, "p4d.24xlarge", str(ALL_REDUCE_STAND_IN), "a single node"),
+    (3, "c5.xlarge", str(ALL_REDUCE_STAND_IN), "no bus-bandwidth floor is recorded for c5.xlarge"),
+    (2, "p4d.24xlarge", None, "no all_reduce_perf on PATH"),
+])
+def test_the_all_reduce_check_says_when_it_does_not_apply(nodes, instance_type, program, reason, monkeypatch,
+                                                          capsys):
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert job.check_fabric(nodes=nodes, gpus_per_node=8, instance_type=instance_type, efa=True, program=program)
+    assert capsys.readouterr().out == f"all-reduce check skipped: {reason}\n"
