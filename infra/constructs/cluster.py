@@ -253,6 +253,9 @@ class GpuCluster(Construct):
             "CLUSTER_KEY_SECRET_ARN": self.cluster_key.secret_arn,
             "MUNGE_KEY_SECRET_NAME": self.munge_key_name,
             "WORKER_COUNT": str(worker_count),
+            # EFA interfaces per node: the job's mpirun routes NCCL over EFA when there are any
+            # (launch/cluster/jobs.py), and the node's health check counts the EFA devices.
+            "EFA_INTERFACES": str(node.efa_interfaces),
             "EFS_MOUNT": EFS_MOUNT,
             "NVME_MOUNT": NVME_MOUNT,
             "SSH_PORT": str(SSH_PORT),

@@ -94,7 +94,7 @@ def submit(env: dict[str, str], *, run_name: str | None, resume: bool, overrides
             "--stall-minutes", str(stall_minutes), "--instance-type", env.get("INSTANCE_TYPE", "")]
     if plan.stage_from:
         body += ["--stage-from", plan.stage_from]
-    if env.get("EFA") == "1":
+    if int(env.get("EFA_INTERFACES", "0") or 0) > 0:
         body += ["--efa"]
     body += ["--", *overrides]
     argv = ["sbatch", "--parsable", f"--job-name={name}", f"--nodes={count}", f"--ntasks-per-node={per_node}",

@@ -240,6 +240,9 @@ def test_nodes_are_told_where_lustre_is_only_when_there_is_one(default_synth, va
     assert not {"FSX_MOUNT", "FSX_DNS_NAME", "FSX_MOUNT_NAME"} & set(env(default_synth))
     variant = env(variant_synth)
     assert variant["FSX_MOUNT"] == "/fsx"
+    # The variant's p4d.24xlarge nodes have an EFA interface on each of their 4 network cards
+    # (AWS's instance specifications); the default's g5.48xlarge nodes are deployed without EFA.
+    assert (variant["EFA_INTERFACES"], env(default_synth)["EFA_INTERFACES"]) == ("4", "0")
     parameters = variant_synth.templates[CLUSTER]["Parameters"]
     for key, name in (("FSX_DNS_NAME", "dns-name"), ("FSX_MOUNT_NAME", "mount-name")):
         ref = json.loads(variant[key].strip("<>"))["Ref"]

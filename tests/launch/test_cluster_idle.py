@@ -220,3 +220,8 @@ def test_the_next_job_scales_the_workers_up_while_holding_the_lock(cluster, slur
     assert workers(session) == 2
     assert "--nodes=3 " in log.read_text()              # the master and both workers
     assert probe.read_text().strip() == "held"           # the idle check could not have scaled down
+    assert " --efa " not in log.read_text()              # no EFA interfaces on c5.xlarge
+    # Nodes with EFA interfaces (cluster.env's EFA_INTERFACES): the job routes NCCL over EFA.
+    jobs.submit({**env, "EFA_INTERFACES": "4"}, run_name="r2", resume=False, overrides=[], nodes=None,
+                data_dir=None, stage_to_nvme=True, max_attempts=4, stall_minutes=30)
+    assert " --efa " in log.read_text().splitlines()[-1]
