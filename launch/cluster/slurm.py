@@ -351,15 +351,20 @@ def start_node(env: dict[str, str], *, alive, health_checks: bool = True,
 def node_replaced(lay: Layout, name: str, *, old: str, new: str) -> None:
     """Tells slurmctld that the instance behind ``name`` is gone before this one registers under it:
     the node goes DOWN, which ends whatever Slurm still counted on it (a job being completed there
-    waits for the dead slurmd otherwise) and requeues its jobs; this node's registration then makes
-    it usable again (ReturnToService=2). slurmd is not running yet, so the command reads the
-    master's copy of slurm.conf on EFS."""
-    argv = ["scontrol", "update", f"NodeName={name}", "State=DOWN",
-            f"Reason=instance {old} left its group; replaced by {new}"]
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "SLURM_CONF": str(lay.conf_copy)})
-    print(f"{name} was instance {old}: " + ("marked DOWN until this node registers" if proc.returncode == 0
-          else f"could not mark it DOWN ({proc.stderr.strip()}); Slurm notices within {SLURMD_TIMEOUT_S} s"),
+    waits for the dead slurmd otherwise) and requeues its jobs. A drain the old instance left (it
+    failed a health check) is lifted: it was about that instance, and this one's own checks run
+    before it registers. The registration then makes the node usable again (ReturnToService=2).
+    slurmd is not running yet, so the commands read the master's copy of slurm.conf on EFS."""
+    env = {**os.environ, "SLURM_CONF": str(lay.conf_copy)}
+    down = subprocess.run(["scontrol", "update", f"NodeName={name}", "State=DOWN",
+                           f"Reason=instance {old} left its group; replaced by {new}"],
+                          capture_output=True, text=True, timeout=60, env=env)
+    # UNDRAIN clears the drain flag and keeps the base state (DOWN); on a node without one it
+    # fails harmlessly.
+    subprocess.run(["scontrol", "update", f"NodeName={name}", "State=UNDRAIN"],
+                   capture_output=True, text=True, timeout=60, env=env)
+    print(f"{name} was instance {old}: " + ("marked DOWN until this node registers" if down.returncode == 0
+          else f"could not mark it DOWN ({down.stderr.strip()}); Slurm notices within {SLURMD_TIMEOUT_S} s"),
           flush=True)
 
 

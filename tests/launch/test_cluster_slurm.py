@@ -9,10 +9,12 @@ the hosts take the private IPs moto gave their instances, and a node claims its 
 On the master, `job submit` (launch/cluster/jobs.py) queues a run; Slurm starts launch/cluster/job.py
 in the allocation, which starts the ranks with mpirun inside it (Open MPI starts its daemons with srun:
 no SSH) and Horovod trains Mask R-CNN on synthetic data, one CPU rank per node. Then a worker dies
-mid-run (its processes killed, as when its machine goes): the job is requeued, the group replaces the
-instance (moto launches a new one at another IP; the dead host comes back at that IP as a new node),
-the replacement claims the dead node's Slurm name, and the next attempt resumes from the checkpoint on
-the same three ranks. `list`, `status`, `logs` and `stop` are the project's wrappers over squeue,
+mid-run (its link cut without a TCP reset, as when its machine loses power): mpirun's keepalives
+notice within a minute and the job is requeued. The group replaces the instance (moto launches a new
+one at another IP; the dead host comes back at that IP as a new node), but the replacement has a GPU
+that fell off the bus (its GPU tools replay a recorded Xid 79 machine): the health check Slurm runs
+drains it and marks it Unhealthy, and its own replacement, healthy, claims the dead node's Slurm name;
+the next attempt resumes from the checkpoint on the same three ranks. `list`, `status`, `logs` and `stop` are the project's wrappers over squeue,
 the job-completion log and scancel; a run stopped while it trains keeps its last step: Slurm's SIGTERM
 reaches every rank (mpirun's too, which then gives them time), rank 0 saves a checkpoint of the step
 all ranks stopped after, and the job's log names it.
@@ -20,6 +22,7 @@ all ranks stopped after, and the job's log names it.
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -42,6 +45,15 @@ r = ec2.describe_instances(Filters=[{"Name": "private-ip-address", "Values": [sy
 print(r["Reservations"][0]["Instances"][0]["InstanceId"])
 """
 
+INSTANCE_HEALTH = """
+import boto3, sys
+(instance,) = boto3.client("autoscaling").describe_auto_scaling_instances(InstanceIds=[sys.argv[1]])[
+    "AutoScalingInstances"]
+print(instance["HealthStatus"])
+"""
+RECORDED = REPO / "tests" / "recorded_machines"
+RECORDED_TOOLS = ("nvidia-smi", "fi_info", "dcgmi", "dmesg", "all_reduce_perf")
+
 # sshd (debugging access) starts only with the cluster key's authorized_keys in place.
 AUTHORIZED_KEY = ("ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHIcW3CK5mxq2vQFq8Ry0cYl+1dSaBDjm8x1/Yj6Wc6J "
                   "maskrcnn-EmulatedCluster\n")
@@ -54,15 +66,24 @@ def _aws(master_address: str, **extra) -> dict[str, str]:
     return _host_env(AWS_ENDPOINT_URL=f"http://{master_address}:{MOTO_PORT}", **extra)
 
 
-def _install_node(host, *, role: str, instance_id: str, munge_key: bytes) -> None:
-    """/etc/maskrcnn as the boot script leaves it (the parts a Slurm node uses)."""
+def _install_node(host, *, role: str, instance_id: str, munge_key: bytes, machine: str | None = None) -> None:
+    """/etc/maskrcnn as the boot script leaves it (the parts a Slurm node uses). A CPU node
+    (c5.xlarge: its health checks look at EFS and the disk), or with ``machine`` a p4d.24xlarge
+    whose GPU tools replay that recorded machine (tests/recorded_machines; no EFA interfaces)."""
     etc = host.path("/etc/maskrcnn")
     etc.mkdir(parents=True, exist_ok=True)
     (etc / "cluster.env").write_text(
         f"STACK_NAME=EmulatedCluster\nAWS_REGION=us-east-1\nMASTER_ASG_NAME={GROUPS['master'][0]}\n"
         f"WORKER_ASG_NAME={GROUPS['worker'][0]}\nWORKER_COUNT={GROUPS['worker'][1]}\nEFS_MOUNT=/efs\n"
-        f"SSH_PORT=2222\nVPC_CIDR={VPC_CIDR}\nROLE={role}\nINSTANCE_TYPE=c5.xlarge\nSLOTS=1\nNODE_CPUS=2\n"
-        f"HEALTH_CHECKS=0\nPRIVATE_IP={host.address}\nINSTANCE_ID={instance_id}\n")
+        f"SSH_PORT=2222\nVPC_CIDR={VPC_CIDR}\nROLE={role}\nSLOTS=1\nNODE_CPUS=2\nEFA_INTERFACES=0\n"
+        f"INSTANCE_TYPE={'p4d.24xlarge' if machine else 'c5.xlarge'}\n"
+        f"PRIVATE_IP={host.address}\nINSTANCE_ID={instance_id}\n")
+    tools = etc / "recorded-bin"
+    shutil.rmtree(tools, ignore_errors=True)
+    tools.mkdir()
+    for name in RECORDED_TOOLS if machine else ():
+        (tools / name).write_text(f"#!/bin/sh\nRECORDED_MACHINE={machine} exec {RECORDED / 'bin' / name} \"$@\"\n")
+        (tools / name).chmod(0o755)
     (etc / "ssh").mkdir(mode=0o700, exist_ok=True)
     (etc / "ssh" / "authorized_keys").write_text(AUTHORIZED_KEY)
     (etc / "munge.key").write_bytes(munge_key)
@@ -70,8 +91,28 @@ def _install_node(host, *, role: str, instance_id: str, munge_key: bytes) -> Non
 
 
 def _start_node(host, env) -> subprocess.Popen:
-    log = open(host.path("/tmp") / "cluster-node.log", "w")
+    log = open(host.path("/tmp") / "cluster-node.log", "a")
+    # The node's GPU tools, if any, first on PATH: the health checks Slurm runs find them there.
+    env = {**env, "PATH": f"/etc/maskrcnn/recorded-bin:{env['PATH']}"}
     return host.popen(["bash", str(ENTRYPOINT), "cluster-node"], env=env, stdout=log, stderr=subprocess.STDOUT)
+
+
+def _replace(master, env, hosts, host, *, munge_key: bytes, machine: str | None = None) -> str:
+    """The worker group replaces ``host``'s instance (as it does one that failed its health checks):
+    moto launches another at a new IP, and ``host`` boots again as that instance. Its instance id."""
+    host.stop()
+    others = [h.address for h in hosts if h is not host]
+    new = master.run([sys.executable, "-c", REPLACE_INSTANCE, host.address, GROUPS["worker"][0], *others],
+                     env=env, timeout=60)
+    assert new.returncode == 0, new.stderr
+    _readdress(host, new.stdout.strip())
+    for h in hosts:
+        h.path("/etc/hosts").write_text(hosts.etc_hosts())
+    instance = master.run([sys.executable, "-c", INSTANCE_ID, host.address], env=env, timeout=60)
+    assert instance.returncode == 0, instance.stderr
+    instance_id = instance.stdout.strip()
+    _install_node(host, role="worker", instance_id=instance_id, munge_key=munge_key, machine=machine)
+    return instance_id
 
 
 def _sinfo(master, env) -> dict[str, str]:
@@ -91,6 +132,17 @@ def _wait(predicate, timeout: float, what: str, poll: float = 1.0):
 
 def _job(master, env, *args, timeout=60) -> subprocess.CompletedProcess:
     return master.run(["bash", str(ENTRYPOINT), "job", *args], env=env, timeout=timeout, cwd=str(REPO))
+
+
+def _instance_health(master, env, instance_id: str) -> str:
+    out = master.run([sys.executable, "-c", INSTANCE_HEALTH, instance_id], env=env, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip()
+
+
+def _sinfo_reasons(master, env) -> dict[str, str]:
+    out = master.run(["sinfo", "-h", "-R", "-N", "-o", "%N|%E"], env=env, timeout=30).stdout
+    return dict(line.split("|", 1) for line in out.splitlines() if "|" in line)
 
 
 def _signal_ranks(signal: str, *, logdir: str) -> None:
@@ -179,16 +231,18 @@ def test_a_run_is_a_slurm_job_that_is_requeued_and_resumes_after_a_worker_dies(s
     assert noticed < 60, f"mpirun took {noticed:.0f} s to notice the lost worker"
     victim.stop()
     victim.reconnect()
-    # The group replaces the instance; the replacement boots as a node with a new instance id.
-    others = [h.address for h in hosts if h is not victim]
-    new = master.run([sys.executable, "-c", REPLACE_INSTANCE, victim.address, GROUPS["worker"][0], *others],
-                     env=env, timeout=60)
-    assert new.returncode == 0, new.stderr
-    _readdress(victim, new.stdout.strip())
-    for host in hosts:
-        host.path("/etc/hosts").write_text(hosts.etc_hosts())
-    instance = master.run([sys.executable, "-c", INSTANCE_ID, victim.address], env=env, timeout=60)
-    _install_node(victim, role="worker", instance_id=instance.stdout.strip(), munge_key=munge_key)
+    # The group replaces the instance. The replacement's GPU 7 has fallen off the bus (a recorded
+    # Xid 79 machine): its health check, which Slurm runs as its slurmd starts, fails, drains its
+    # Slurm node and marks the instance Unhealthy, so that the group replaces it too.
+    faulty = _replace(master, env, hosts, victim, munge_key=munge_key, machine="p4d-xid79")
+    nodes[victim.name] = _start_node(victim, env)
+    _wait(lambda: _instance_health(master, env, faulty).upper() == "UNHEALTHY", 180,
+          "the faulty replacement to be marked Unhealthy")
+    # The reason names the failed check first (the replacement's own DOWN reason is replaced).
+    _wait(lambda: _sinfo_reasons(master, env).get("worker-2", "").startswith(("gpu-count", "xid")), 60,
+          "worker-2 drained by its health check")
+    # Its replacement is healthy, joins under the same Slurm name and the job resumes there.
+    _replace(master, env, hosts, victim, munge_key=munge_key)
     nodes[victim.name] = _start_node(victim, env)
     # The next attempt runs to the end, resumed from the first epoch's checkpoint on three ranks.
     _wait(lambda: f"model-{MAX_STEPS}" in state.read_text(), 600, "the run's last checkpoint", poll=1)
