@@ -366,8 +366,10 @@ start_container() {
     extra+=(-v "$LOCAL_NVME:$LOCAL_NVME")
   fi
   docker rm -f maskrcnn >/dev/null 2>&1 || true
+  # SYSLOG: the node's health check reads the kernel log for GPU Xid errors (dmesg), which the
+  # kernel refuses without it (Ubuntu sets kernel.dmesg_restrict=1; Docker drops CAP_SYSLOG).
   docker run -d --name maskrcnn --restart unless-stopped "${extra[@]}" \
-    --network host --ipc host \
+    --network host --ipc host --cap-add SYSLOG \
     -v "$EFS_MOUNT:$EFS_MOUNT:rslave" -v /etc/maskrcnn:/etc/maskrcnn:ro \
     "$TRAINING_IMAGE_URI" cluster-node
 }

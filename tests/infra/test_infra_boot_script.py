@@ -304,7 +304,7 @@ def test_master_and_worker_boot_into_the_node_contract(aws_env, default_synth, t
         nvme_volume = f"-v {nvme}:{nvme} " if node is master else ""
         assert [c for c in calls if c.startswith("docker run ")] == [
             f"docker run -d --name maskrcnn --restart unless-stopped --gpus all {nvme_volume}"
-            f"--network host --ipc host -v {efs}:{efs}:rslave -v /etc/maskrcnn:/etc/maskrcnn:ro "
+            f"--network host --ipc host --cap-add SYSLOG -v {efs}:{efs}:rslave -v /etc/maskrcnn:/etc/maskrcnn:ro "
             f"{image} cluster-node"]
         assert "docker exec -i maskrcnn maskrcnn-entrypoint job submit" in (
             node["root"] / "bin" / "maskrcnn-train").read_text()

@@ -238,9 +238,10 @@ def test_a_run_is_a_slurm_job_that_is_requeued_and_resumes_after_a_worker_dies(s
     nodes[victim.name] = _start_node(victim, env)
     _wait(lambda: _instance_health(master, env, faulty).upper() == "UNHEALTHY", 180,
           "the faulty replacement to be marked Unhealthy")
-    # The reason names the failed check first (the replacement's own DOWN reason is replaced).
-    _wait(lambda: _sinfo_reasons(master, env).get("worker-2", "").startswith(("gpu-count", "xid")), 60,
-          "worker-2 drained by its health check")
+    # Its Slurm node (the lost worker's name) is drained; the reason names the failed check first.
+    name = re.findall(r"this node is Slurm node (\S+)", victim.path("/tmp/cluster-node.log").read_text())[-1]
+    _wait(lambda: _sinfo_reasons(master, env).get(name, "").startswith(("gpu-count", "xid")), 60,
+          f"{name} drained by its health check")
     # Its replacement is healthy, joins under the same Slurm name and the job resumes there.
     _replace(master, env, hosts, victim, munge_key=munge_key)
     nodes[victim.name] = _start_node(victim, env)
