@@ -3,9 +3,10 @@ IP, or in the private subnet when each node has several network interfaces) and 
 (N nodes, private subnet), placed together (one cluster placement group, or the capacity
 reservation's placement), booted by infra/userdata/cluster_node.sh.
 
-What each node gets (the contract the launcher in launch/ builds on, see docs/infra.md):
-/etc/maskrcnn/cluster.env, EFS at /efs, the cluster SSH key in /etc/maskrcnn/ssh/, the hostfile
-/etc/maskrcnn/hostfile and the training image running as the container `maskrcnn`.
+What each node gets (the contract launch/cluster builds on, see docs/infra.md):
+/etc/maskrcnn/cluster.env, EFS at /efs, the munge key in /etc/maskrcnn/munge.key, the hostfile
+/etc/maskrcnn/hostfile and the training image running as the container `maskrcnn` (the Slurm
+daemons).
 """
 from __future__ import annotations
 
@@ -34,7 +35,6 @@ FSX_MOUNT = "/fsx"
 # Where the Deep Learning AMI mounts the instance-store NVMe (g5, p4d, p5 have it): a local copy
 # of the dataset there takes the reads off EFS during training.
 NVME_MOUNT = "/opt/dlami/nvme"
-SSH_PORT = 2222
 # Ubuntu-based Deep Learning AMIs boot from /dev/sda1 (an AL2 image would use /dev/xvda).
 ROOT_DEVICE = "/dev/sda1"
 LOGIN_USER = "ubuntu"
@@ -173,29 +173,12 @@ class GpuCluster(Construct):
                                        "SSH from ssh_cidr")
             master_groups.append(ssh_group)
 
-        # A fixed name, so the node roles can name the secret without referencing the resource
-        # (`<name>-??????` matches exactly this name plus the suffix Secrets Manager appends).
-        # CloudFormation deletes secrets without a recovery window, so the name is free again
-        # as soon as the stack is gone.
-        self.cluster_key_name = f"{stack.stack_name}-cluster-key"
-        self.cluster_key = secretsmanager.Secret(
-            self, "ClusterKey", secret_name=self.cluster_key_name,
-            description="SSH private key shared by the cluster nodes. CloudFormation fills it with "
-                        "a random placeholder; the master replaces it with a key it generates "
-                        "on first boot.")
-        acknowledge(
-            self.cluster_key, "AwsSolutions-SMG4",
-            "The key never leaves the VPC (authorized_keys admits it only from the VPC "
-            "CIDR) and lives as long as the cluster; rotating it means redeploying the "
-            "stack, which creates a new secret and key.")
-        cluster_key_arn = stack.format_arn(
-            service="secretsmanager", resource="secret",
-            resource_name=f"{self.cluster_key_name}-??????",
-            arn_format=ArnFormat.COLON_RESOURCE_NAME)
-
         # Slurm's authentication key (munge), the same on every node: random from Secrets Manager
-        # at creation, written to /etc/maskrcnn/munge.key by each node's boot. Named like the
-        # cluster key, so the roles can name it the same way.
+        # at creation, written to /etc/maskrcnn/munge.key by each node's boot. A fixed name, so
+        # the node roles can name the secret without referencing the resource (`<name>-??????`
+        # matches exactly this name plus the suffix Secrets Manager appends). CloudFormation
+        # deletes secrets without a recovery window, so the name is free again as soon as the
+        # stack is gone.
         self.munge_key_name = f"{stack.stack_name}-munge-key"
         self.munge_key = secretsmanager.Secret(
             self, "MungeKey", secret_name=self.munge_key_name,
@@ -227,14 +210,8 @@ class GpuCluster(Construct):
         self.worker_role = self._node_role("WorkerRole", "Cluster worker node")
         for role in (self.master_role, self.worker_role):
             role.add_to_policy(iam.PolicyStatement(
-                sid="ReadClusterKey", actions=["secretsmanager:GetSecretValue"],
-                resources=[cluster_key_arn]))
-            role.add_to_policy(iam.PolicyStatement(
                 sid="ReadMungeKey", actions=["secretsmanager:GetSecretValue"],
                 resources=[munge_key_arn]))
-        self.master_role.add_to_policy(iam.PolicyStatement(
-            sid="PublishClusterKey", actions=["secretsmanager:PutSecretValue"],
-            resources=[cluster_key_arn]))
         for role, group_name in ((self.master_role, self.master_group_name),
                                  (self.worker_role, self.worker_group_name)):
             self._allow_reporting_unhealthy(role, group_name)
@@ -250,7 +227,6 @@ class GpuCluster(Construct):
             "TRAINING_IMAGE_URI": training_image_uri,
             "MASTER_ASG_NAME": self.master_group_name,
             "WORKER_ASG_NAME": self.worker_group_name,
-            "CLUSTER_KEY_SECRET_ARN": self.cluster_key.secret_arn,
             "MUNGE_KEY_SECRET_NAME": self.munge_key_name,
             "WORKER_COUNT": str(worker_count),
             # EFA interfaces per node: the job's mpirun routes NCCL over EFA when there are any
@@ -258,7 +234,6 @@ class GpuCluster(Construct):
             "EFA_INTERFACES": str(node.efa_interfaces),
             "EFS_MOUNT": EFS_MOUNT,
             "NVME_MOUNT": NVME_MOUNT,
-            "SSH_PORT": str(SSH_PORT),
             "VPC_CIDR": vpc.vpc_cidr_block,
             # The master's idle check (launch/cluster/idle.py) scales the workers to 0 after this
             # many minutes without a training job; 0: never.

@@ -8,15 +8,14 @@
 # What it leaves behind (the contract launch/ builds on; docs/infra.md describes it):
 #   /efs                                EFS, mounted now and from /etc/fstab on every reboot
 #   /efs/.maskrcnn/$STACK_NAME/nodes/IP one line "IP slots=GPUS" per node that has booted
-#   /etc/maskrcnn/ssh/                  id_ed25519, id_ed25519.pub, authorized_keys (cluster key)
 #   /etc/maskrcnn/hostfile              "IP slots=GPUS" for the InService nodes, master first
 #   /fsx                                FSx for Lustre, when cluster.env has FSX_DNS_NAME (the app's
 #                                       fsx_lustre_storage_gib option); also in the container
 #   LOCAL_NVME in cluster.env           $NVME_MOUNT when the instance has instance-store NVMe
 #                                       (then also mounted in the container), else empty
-#   container "maskrcnn"                $TRAINING_IMAGE_URI running `cluster-node` (sshd on
-#                                       $PRIVATE_IP:$SSH_PORT), restarted by Docker after a
-#                                       reboot, once /efs is mounted again
+#   container "maskrcnn"                $TRAINING_IMAGE_URI running `cluster-node` (the Slurm
+#                                       daemons), restarted by Docker after a reboot, once /efs
+#                                       is mounted again
 #   /etc/maskrcnn/munge.key             Slurm's authentication key (from Secrets Manager)
 #   /usr/local/bin/maskrcnn-job         training runs as Slurm jobs: submit, status, logs, stop,
 #                                       list (maskrcnn-train: submit)
@@ -27,8 +26,7 @@ if ! declare -F boot_failed >/dev/null; then
   exit 2
 fi
 REGISTRY="$EFS_MOUNT/.maskrcnn/$STACK_NAME/nodes"
-KEY_HEADER='-----BEGIN OPENSSH PRIVATE KEY-----'
-# Seconds between checks while a node waits for the master's key or for every node to register.
+# Seconds between checks while the master waits for every node to register.
 # Nothing sets the variable on an instance; the boot tests shorten the wait with it.
 POLL_SECONDS="${MASKRCNN_BOOT_POLL_SECONDS:-15}"
 
@@ -291,46 +289,6 @@ attach_master_address() {
     --instance-id "$INSTANCE_ID" --allow-reassociation >/dev/null
 }
 
-read_cluster_key() {
-  aws secretsmanager get-secret-value --secret-id "$CLUSTER_KEY_SECRET_ARN" \
-    --query SecretString --output text
-}
-
-install_cluster_key() {
-  local dir=/etc/maskrcnn/ssh key waited=0
-  install -d -m 0700 "$dir"
-  key=$(retry 10 6 read_cluster_key)
-  if [[ "$key" != "$KEY_HEADER"* ]]; then
-    if [[ "$ROLE" == master ]]; then
-      # First boot of this cluster: the secret still holds CloudFormation's random placeholder.
-      # A replacement master finds the key already there and reuses it.
-      rm -f "$dir/new" "$dir/new.pub"
-      ssh-keygen -q -t ed25519 -N '' -C "maskrcnn-$STACK_NAME" -f "$dir/new"
-      retry 10 6 aws secretsmanager put-secret-value --secret-id "$CLUSTER_KEY_SECRET_ARN" \
-        --secret-string "file://$dir/new" >/dev/null
-      rm -f "$dir/new" "$dir/new.pub"
-      key=$(retry 10 6 read_cluster_key)
-    else
-      until [[ "$key" == "$KEY_HEADER"* ]]; do
-        if (( waited >= 1800 )); then
-          log "the master has not published the cluster key after 30 minutes"
-          return 1
-        fi
-        sleep "$POLL_SECONDS"
-        waited=$((waited + POLL_SECONDS))
-        key=$(retry 10 6 read_cluster_key)
-      done
-    fi
-  fi
-  (umask 077 && printf '%s\n' "$key" > "$dir/id_ed25519")
-  ssh-keygen -y -f "$dir/id_ed25519" > "$dir/id_ed25519.pub"
-  # The key is accepted only from inside the VPC, and grants no agent or port forwarding.
-  printf 'from="%s",no-agent-forwarding,no-port-forwarding,no-X11-forwarding %s\n' \
-    "$VPC_CIDR" "$(cat "$dir/id_ed25519.pub")" > "$dir/authorized_keys"
-  chmod 0644 "$dir/id_ed25519.pub"
-  chmod 0600 "$dir/authorized_keys"
-}
-
 install_munge_key() {  # Slurm's authentication key, the same on every node (launch/cluster/slurm.py)
   local key
   key=$(aws secretsmanager get-secret-value --secret-id "$MUNGE_KEY_SECRET_NAME" \
@@ -465,8 +423,8 @@ ship_logs
 GPUS=$(gpu_count)
 check_gpus
 SLOTS=$(( GPUS > 0 ? GPUS : 1 ))  # a CPU-only node runs one process
-# The container's sshd listens on this address only (never on the master's public address); the
-# Slurm daemons register the node under its instance id, with one rank per GPU.
+# The Slurm daemons register the node from this address (never the master's public one), with
+# one rank per GPU.
 printf 'PRIVATE_IP=%s\nINSTANCE_ID=%s\nINSTANCE_TYPE=%s\nSLOTS=%s\n' \
   "$PRIVATE_IP" "$INSTANCE_ID" "$INSTANCE_TYPE" "$SLOTS" >> /etc/maskrcnn/cluster.env
 mount_efs
@@ -477,7 +435,6 @@ register_node
 if [[ "$ROLE" == master ]]; then
   attach_master_address
 fi
-install_cluster_key
 retry 10 6 install_munge_key
 start_container
 install_train_command

@@ -77,7 +77,7 @@ def cluster(aws_env, default_synth, tmp_path):
     """Both stacks in moto, the assets published, an SQS queue on the alerts topic, and what a
     node needs to boot in the sandbox."""
     require(_sandbox_unavailable())
-    stack_outputs, secret_arn = deploy_cluster(default_synth)
+    stack_outputs = deploy_cluster(default_synth)
     (topic_arn,) = [r["PhysicalResourceId"] for r in boto3.client("cloudformation")
                     .list_stack_resources(StackName=SHARED)["StackResourceSummaries"]
                     if r["ResourceType"] == "AWS::SNS::Topic"]
@@ -90,9 +90,9 @@ def cluster(aws_env, default_synth, tmp_path):
     efs.mkdir()
     worker_group = stack_outputs[outputs.WORKER_ASG_NAME]
     instance_id, ip = _instance(worker_group)
-    user_data = node_user_data("ClusterWorker", secret_arn, efs)
+    user_data = node_user_data("ClusterWorker", efs)
     assert env_of(user_data)["ALERTS_TOPIC_ARN"] == topic_arn
-    return {"tmp": tmp_path, "stubs": make_stubs(tmp_path / "stubs"), "secret_arn": secret_arn,
+    return {"tmp": tmp_path, "stubs": make_stubs(tmp_path / "stubs"),
             "queue_url": queue_url, "worker_group": worker_group,
             "master_group": stack_outputs[outputs.MASTER_ASG_NAME],
             "worker_id": instance_id, "user_data": user_data,
@@ -129,14 +129,6 @@ def alerts(cluster) -> list[dict]:
     return [json.loads(m["Body"]) for m in messages]
 
 
-def publish_cluster_key(cluster) -> None:
-    """The key the master would have published, so that a worker can boot on its own."""
-    key = cluster["tmp"] / "cluster-key"
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
-    boto3.client("secretsmanager").put_secret_value(SecretId=cluster["secret_arn"],
-                                                    SecretString=key.read_text())
-
-
 @pytest.mark.slow
 def test_failed_boots_are_counted_and_a_boot_that_succeeds_resets_the_count(cluster):
     assert (failure_count("worker"), failure_count("master")) == ("0", "0")
@@ -153,7 +145,6 @@ def test_failed_boots_are_counted_and_a_boot_that_succeeds_resets_the_count(clus
     assert suspended(cluster["worker_group"]) == [] and alerts(cluster) == []
     assert failure_count("master") == "0"   # each group has its own count
 
-    publish_cluster_key(cluster)
     status, log = boot_worker(cluster, gpus=GPUS_OF_TYPE)
     assert status == 0, log
     assert "ready: 8 GPUs" in log
@@ -203,7 +194,6 @@ def test_boot_steps_that_are_not_the_synthesized_ones_are_not_run(cluster):
     bucket, key = url.removeprefix("s3://").split("/", 1)
     tampered = CLUSTER_NODE_SCRIPT.read_text() + "\ntouch /etc/maskrcnn/tampered\n"
     boto3.client("s3").put_object(Bucket=bucket, Key=key, Body=tampered.encode())
-    publish_cluster_key(cluster)
 
     status, log = boot_worker(cluster, gpus=GPUS_OF_TYPE)
     assert status != 0
@@ -233,7 +223,6 @@ def test_a_cloudwatch_agent_package_not_signed_by_aws_is_not_installed(cluster):
     subprocess.run([*gpg, "--detach-sign", "--output", str(work / "agent.deb.sig"),
                     str(work / "agent.deb")], check=True)
     subprocess.run([*gpg, "--export", "--output", str(work / "key.gpg")], check=True)
-    publish_cluster_key(cluster)
 
     status, log = boot_worker(cluster, gpus=GPUS_OF_TYPE, extra_env={
         "CLOUDWATCH_AGENT_CTL": str(work / "no-agent-here"),
@@ -412,4 +401,4 @@ def test_user_data_stays_well_inside_ec2s_16_kb(request, synth_fixture, prefix):
     assert text.startswith("#!/bin/bash\n") and script_body(CLUSTER_NODE_BOOTSTRAP) in text
     assert len(text.encode()) <= USER_DATA_BUDGET < EC2_USER_DATA_LIMIT
     # The steps are fetched, not carried: the user data does not grow with them.
-    assert "install_cluster_key" not in text and "start_container" not in text
+    assert "install_munge_key" not in text and "start_container" not in text

@@ -1,6 +1,6 @@
 """The cluster nodes' boot, run for real: the master's and a worker's user data, as CloudFormation
 (moto) rendered them into the launch templates, executed side by side with the real AWS CLI
-against moto, real ssh-keygen and curl against a local IMDSv2 endpoint. The boot steps the user
+against moto, and curl against a local IMDSv2 endpoint. The boot steps the user
 data fetches are the stack's file asset, published into moto's CDK assets bucket as `cdk deploy`
 would publish it.
 
@@ -33,9 +33,8 @@ from machine import require
 
 CLUSTER = outputs.EFS_CLUSTER_STACK
 GPUS_OF_TYPE = 8
-KEY_HEADER = "-----BEGIN OPENSSH PRIVATE KEY-----"
-# The boot script's poll period while a worker waits for the master's key or for every node to
-# register (15 s on an instance): the same waits, without 15 s of idle time each.
+# The boot script's poll period while the master waits for every node to register (15 s on an
+# instance): the same wait, without 15 s of idle time each.
 POLL_SECONDS = "1"
 STUBS = {
     "nvidia-smi": 'for ((i = 0; i < NODE_GPUS; i++)); do echo "GPU $i: NVIDIA A10G (UUID: GPU-$i)"; done',
@@ -153,21 +152,21 @@ def publish_file_assets(synth, stack: str) -> None:
                            destination["objectKey"])
 
 
-def deploy_cluster(synth) -> tuple[dict[str, str], str]:
-    """Both stacks in moto, the assets published and the cluster key's secret created (moto's
-    CloudFormation has no AWS::SecretsManager::Secret): (the cluster stack's outputs, the
-    secret's ARN, which holds a placeholder as CloudFormation's generated value would)."""
+MUNGE_KEY = "generated-munge-key"
+
+
+def deploy_cluster(synth) -> dict[str, str]:
+    """Both stacks in moto, the assets published and the munge key's secret created (moto's
+    CloudFormation has no AWS::SecretsManager::Secret; the value stands in for the one
+    CloudFormation generates): the cluster stack's outputs."""
     prepare_moto_account()
     cloudformation = boto3.client("cloudformation")
     publish_file_assets(synth, CLUSTER)
     for name in (outputs.NETWORK_STORAGE_STACK, CLUSTER):
         stack = deploy_to_moto(cloudformation, name, synth.templates[name])
         assert stack["StackStatus"] == "CREATE_COMPLETE"
-    secrets = boto3.client("secretsmanager")
-    secret_arn = secrets.create_secret(
-        Name=f"{CLUSTER}-cluster-key", SecretString="generated-placeholder")["ARN"]
-    secrets.create_secret(Name=f"{CLUSTER}-munge-key", SecretString="generated-munge-key")
-    return {o["OutputKey"]: o["OutputValue"] for o in stack["Outputs"]}, secret_arn
+    boto3.client("secretsmanager").create_secret(Name=f"{CLUSTER}-munge-key", SecretString=MUNGE_KEY)
+    return {o["OutputKey"]: o["OutputValue"] for o in stack["Outputs"]}
 
 
 def make_stubs(directory: Path) -> Path:
@@ -178,16 +177,12 @@ def make_stubs(directory: Path) -> Path:
     return directory
 
 
-def node_user_data(logical_prefix: str, secret_arn: str, efs: Path,
-                   nvme: Path | None = None) -> str:
-    """A launch template's user data as moto rendered it, with the secret's ARN (moto renders
-    the secret's Ref as None) and the mount points moved under the test's directory."""
+def node_user_data(logical_prefix: str, efs: Path, nvme: Path | None = None) -> str:
+    """A launch template's user data as moto rendered it, with the mount points moved under the
+    test's directory."""
     user_data = _launch_template_user_data(logical_prefix)
-    assert "CLUSTER_KEY_SECRET_ARN=None\n" in user_data and "\nEFS_MOUNT=/efs\n" in user_data
-    assert "\nNVME_MOUNT=/opt/dlami/nvme\n" in user_data
-    user_data = (user_data.replace("CLUSTER_KEY_SECRET_ARN=None\n",
-                                   f"CLUSTER_KEY_SECRET_ARN={secret_arn}\n")
-                 .replace("\nEFS_MOUNT=/efs\n", f"\nEFS_MOUNT={efs}\n"))
+    assert "\nEFS_MOUNT=/efs\n" in user_data and "\nNVME_MOUNT=/opt/dlami/nvme\n" in user_data
+    user_data = user_data.replace("\nEFS_MOUNT=/efs\n", f"\nEFS_MOUNT={efs}\n")
     if nvme is not None:
         user_data = user_data.replace("\nNVME_MOUNT=/opt/dlami/nvme\n", f"\nNVME_MOUNT={nvme}\n")
     return user_data
@@ -221,7 +216,7 @@ def _start_node(root: Path, user_data: str, imds: str, stubs: Path,
 
 
 def test_master_and_worker_boot_into_the_node_contract(aws_env, default_synth, tmp_path):
-    stack_outputs, secret_arn = deploy_cluster(default_synth)
+    stack_outputs = deploy_cluster(default_synth)
     instance_type = default_synth.context["instance_type"]
     assert instance_type == "g5.48xlarge"   # GPUS_OF_TYPE: what DescribeInstanceTypes says
 
@@ -234,11 +229,11 @@ def test_master_and_worker_boot_into_the_node_contract(aws_env, default_synth, t
     nodes = {}
     for role, prefix, group in (("master", "ClusterMaster", stack_outputs[outputs.MASTER_ASG_NAME]),
                                 ("worker", "ClusterWorker", stack_outputs[outputs.WORKER_ASG_NAME])):
-        user_data = node_user_data(prefix, secret_arn, efs, nvme)
+        user_data = node_user_data(prefix, efs, nvme)
         instance_id, ip = _instance(group)
         nodes[role] = {"id": instance_id, "ip": ip, "root": tmp_path / role,
                        "user_data": user_data, "imds": _imds(instance_id, ip, instance_type)}
-        # The worker starts first: it must wait for the master to publish the cluster key.
+        # The worker starts first; the master waits for it to register.
         # The master's type has instance-store NVMe, the worker's not (as if another type).
         nodes[role]["process"] = _start_node(tmp_path / role, user_data, nodes[role]["imds"],
                                              stubs, gpus=GPUS_OF_TYPE,
@@ -288,13 +283,9 @@ def test_master_and_worker_boot_into_the_node_contract(aws_env, default_synth, t
         assert (f"{env['FILE_SYSTEM_ID']}.efs.us-east-1.amazonaws.com:/ {efs} nfs4 nfsvers=4.1,"
                 "rsize=1048576,wsize=1048576,hard,timeo=600,retrans=2,noresvport,_netdev 0 0"
                 in fstab)
-        key = (etc / "ssh" / "id_ed25519").read_text()
-        assert key.startswith(KEY_HEADER)
-        assert (etc / "ssh" / "id_ed25519").stat().st_mode & 0o777 == 0o600
-        public_key = (etc / "ssh" / "id_ed25519.pub").read_text().strip()
-        assert (etc / "ssh" / "authorized_keys").read_text() == (
-            f'from="10.0.0.0/16",no-agent-forwarding,no-port-forwarding,no-X11-forwarding '
-            f"{public_key}\n")
+        # Slurm's munge key, from the stack's secret, readable by root only.
+        assert (etc / "munge.key").read_text() == MUNGE_KEY
+        assert (etc / "munge.key").stat().st_mode & 0o777 == 0o400
         calls = (node["root"] / "calls.log").read_text().splitlines()
         image = stack_outputs[outputs.TRAINING_IMAGE_URI]
         assert f"docker login --username AWS --password-stdin {image.split('/')[0]}" in calls
@@ -319,11 +310,6 @@ def test_master_and_worker_boot_into_the_node_contract(aws_env, default_synth, t
                 node["root"] / "bin" / "maskrcnn-idle-check").read_text()
         assert "ready: 8 GPUs" in (node["root"] / "log" / "maskrcnn-boot.log").read_text()
 
-    # One key for the cluster, generated by the master and published in the secret.
-    master_key = (master["root"] / "etc" / "maskrcnn" / "ssh" / "id_ed25519").read_text()
-    assert (worker["root"] / "etc" / "maskrcnn" / "ssh" / "id_ed25519").read_text() == master_key
-    secret = boto3.client("secretsmanager").get_secret_value(SecretId=secret_arn)["SecretString"]
-    assert secret.strip() == master_key.strip()
     # The master attached the Elastic IP that MasterAddress names.
     (address,) = boto3.client("ec2").describe_addresses(
         PublicIps=[stack_outputs[outputs.MASTER_ADDRESS]])["Addresses"]

@@ -552,9 +552,11 @@ def test_user_data_writes_the_node_contract(default_synth, prefix, role):
     env_block = text.split("cat > /etc/maskrcnn/cluster.env <<'EOF'\n", 1)[1].split("\nEOF\n", 1)[0]
     env = dict(line.split("=", 1) for line in env_block.splitlines())
     assert {"STACK_NAME", "AWS_REGION", "ROLE", "FILE_SYSTEM_ID", "BUCKET_NAME",
-            "TRAINING_IMAGE_URI", "MASTER_ASG_NAME", "WORKER_ASG_NAME", "CLUSTER_KEY_SECRET_ARN",
-            "EFS_MOUNT", "SSH_PORT"} <= set(env)
-    assert (env["ROLE"], env["EFS_MOUNT"], env["SSH_PORT"]) == (role, "/efs", "2222")
+            "TRAINING_IMAGE_URI", "MASTER_ASG_NAME", "WORKER_ASG_NAME", "MUNGE_KEY_SECRET_NAME",
+            "EFS_MOUNT"} <= set(env)
+    assert (env["ROLE"], env["EFS_MOUNT"]) == (role, "/efs")
+    # No SSH between the nodes: jobs start their ranks through Slurm.
+    assert not {"SSH_PORT", "CLUSTER_KEY_SECRET_ARN"} & set(env)
     assert env["NVME_MOUNT"] == "/opt/dlami/nvme"   # where the Deep Learning AMI mounts NVMe
     assert (env["MASTER_ASG_NAME"], env["WORKER_ASG_NAME"]) == (f"{CLUSTER}-master",
                                                                 f"{CLUSTER}-worker")
@@ -564,9 +566,9 @@ def test_user_data_writes_the_node_contract(default_synth, prefix, role):
     for fragment in ("aws ecr get-login-password", "docker login --username AWS",
                      "--name maskrcnn --restart unless-stopped", "--network host --ipc host",
                      '-v /etc/maskrcnn:/etc/maskrcnn:ro', "cluster-node", "nvidia-smi -L",
-                     "/etc/maskrcnn/hostfile", "/etc/maskrcnn/ssh", "secretsmanager",
+                     "/etc/maskrcnn/hostfile", "secretsmanager",
                      "nfsvers=4.1,rsize=1048576,wsize=1048576,hard,timeo=600,retrans=2",
-                     "/etc/fstab", "no-agent-forwarding", "/usr/local/bin/maskrcnn-job",
+                     "/etc/fstab", "/usr/local/bin/maskrcnn-job",
                      "maskrcnn-entrypoint job", "MUNGE_KEY_SECRET_NAME", "/etc/maskrcnn/munge.key"):
         assert fragment in text, fragment
     assert "aws ecr get-login " not in text and "ForwardAgent" not in text
@@ -634,7 +636,7 @@ def test_name_prefix_separates_a_second_deployment(default_synth, variant_synth)
     assert names == {f"team-a-{CLUSTER}-master", f"team-a-{CLUSTER}-worker"}
     named = {s["Properties"]["Name"]
              for s in variant_synth.resources(CLUSTER, "AWS::SecretsManager::Secret").values()}
-    assert named == {f"team-a-{CLUSTER}-cluster-key", f"team-a-{CLUSTER}-munge-key"}
+    assert named == {f"team-a-{CLUSTER}-munge-key"}
     imports = re.findall(r'"Fn::ImportValue": "([^"]+)"', json.dumps(cluster))
     assert imports and all(name.startswith(f"team-a-{SHARED}") for name in imports)
     exports = [o["Export"]["Name"] for o in variant_synth.templates[SHARED]["Outputs"].values()
@@ -642,25 +644,16 @@ def test_name_prefix_separates_a_second_deployment(default_synth, variant_synth)
     assert exports and all(name.startswith(f"team-a-{SHARED}") for name in exports)
 
 
-def test_only_the_master_may_publish_the_cluster_key_and_every_node_reads_the_munge_key(
-        default_synth):
-    names = {s["Properties"]["Name"]
-             for s in default_synth.resources(CLUSTER, "AWS::SecretsManager::Secret").values()}
-    key, munge = f"{CLUSTER}-cluster-key", f"{CLUSTER}-munge-key"
-    assert names == {key, munge}
-    for prefix, may_write in (("ClusterMasterRole", True), ("ClusterWorkerRole", False)):
+def test_every_node_may_read_the_munge_key_and_no_other_secret(default_synth):
+    (name,) = {s["Properties"]["Name"]
+               for s in default_synth.resources(CLUSTER, "AWS::SecretsManager::Secret").values()}
+    assert name == f"{CLUSTER}-munge-key"
+    for prefix in ("ClusterMasterRole", "ClusterWorkerRole"):
         policy = policy_of(default_synth, CLUSTER, prefix)
-        on_secret = [s for s in policy if any(a.startswith("secretsmanager:")
-                                              for a in actions(s))]
-        granted = {}
-        for statement in on_secret:   # exactly one secret: its name plus the 6-character suffix
-            (name,) = [n for n in names
-                       if json.dumps(statement["Resource"]).endswith(f':secret:{n}-??????"]]}}')]
-            granted.setdefault(name, set()).update(actions(statement))
-        assert granted == {
-            key: ({"secretsmanager:GetSecretValue", "secretsmanager:PutSecretValue"}
-                  if may_write else {"secretsmanager:GetSecretValue"}),
-            munge: {"secretsmanager:GetSecretValue"}}
+        (on_secret,) = [s for s in policy if any(a.startswith("secretsmanager:") for a in actions(s))]
+        assert set(actions(on_secret)) == {"secretsmanager:GetSecretValue"}
+        # Exactly this secret: its name plus the 6-character suffix Secrets Manager appends.
+        assert json.dumps(on_secret["Resource"]).endswith(f':secret:{name}-??????"]]}}')
 
 
 def test_cluster_outputs(default_synth, ssh_synth):

@@ -2,7 +2,7 @@
 
 Real munged, slurmctld and slurmd (Debian's packages, installed by scripts/install.sh) run in three
 emulated nodes, each started by the image's entry `cluster-node` (docker/entrypoint.sh) as the boot
-script leaves a node: cluster.env, the munge key and the cluster key in /etc/maskrcnn, EFS at /efs
+script leaves a node: cluster.env and the munge key in /etc/maskrcnn, EFS at /efs
 (one directory shared by the hosts). A moto server in the master holds the two auto-scaling groups;
 the hosts take the private IPs moto gave their instances, and a node claims its Slurm name from them.
 
@@ -54,10 +54,6 @@ print(instance["HealthStatus"])
 RECORDED = REPO / "tests" / "recorded_machines"
 RECORDED_TOOLS = ("nvidia-smi", "fi_info", "dcgmi", "dmesg", "all_reduce_perf")
 
-# sshd (debugging access) starts only with the cluster key's authorized_keys in place.
-AUTHORIZED_KEY = ("ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHIcW3CK5mxq2vQFq8Ry0cYl+1dSaBDjm8x1/Yj6Wc6J "
-                  "maskrcnn-EmulatedCluster\n")
-
 pytestmark = pytest.mark.skipif(not Path("/usr/sbin/slurmctld").exists() or not Path("/usr/sbin/munged").exists(),
                                 reason="Slurm and munge are not installed (scripts/install.sh installs them)")
 
@@ -75,7 +71,7 @@ def _install_node(host, *, role: str, instance_id: str, munge_key: bytes, machin
     (etc / "cluster.env").write_text(
         f"STACK_NAME=EmulatedCluster\nAWS_REGION=us-east-1\nMASTER_ASG_NAME={GROUPS['master'][0]}\n"
         f"WORKER_ASG_NAME={GROUPS['worker'][0]}\nWORKER_COUNT={GROUPS['worker'][1]}\nEFS_MOUNT=/efs\n"
-        f"SSH_PORT=2222\nVPC_CIDR={VPC_CIDR}\nROLE={role}\nSLOTS=1\nNODE_CPUS=2\nEFA_INTERFACES=0\n"
+        f"VPC_CIDR={VPC_CIDR}\nROLE={role}\nSLOTS=1\nNODE_CPUS=2\nEFA_INTERFACES=0\n"
         f"INSTANCE_TYPE={'p4d.24xlarge' if machine else 'c5.xlarge'}\n"
         f"PRIVATE_IP={host.address}\nINSTANCE_ID={instance_id}\n")
     tools = etc / "recorded-bin"
@@ -84,8 +80,6 @@ def _install_node(host, *, role: str, instance_id: str, munge_key: bytes, machin
     for name in RECORDED_TOOLS if machine else ():
         (tools / name).write_text(f"#!/bin/sh\nRECORDED_MACHINE={machine} exec {RECORDED / 'bin' / name} \"$@\"\n")
         (tools / name).chmod(0o755)
-    (etc / "ssh").mkdir(mode=0o700, exist_ok=True)
-    (etc / "ssh" / "authorized_keys").write_text(AUTHORIZED_KEY)
     (etc / "munge.key").write_bytes(munge_key)
     (etc / "munge.key").chmod(0o400)
 

@@ -251,11 +251,11 @@ def _entry(*args, env=None):
                           cwd=REPO, timeout=300)
 
 
-def test_entrypoint_runs_other_commands_and_refuses_a_node_without_keys(tmp_path):
+def test_entrypoint_runs_other_commands_and_refuses_a_node_the_boot_did_not_set_up(tmp_path):
     assert _entry("echo", "hello").stdout == "hello\n"
     result = _entry("cluster-node", env={"MASKRCNN_CLUSTER_DIR": str(tmp_path)})
     assert result.returncode == 2
-    assert "authorized_keys is missing" in result.stderr
+    assert f"{tmp_path}/cluster.env not found" in result.stderr
 
 
 def test_entrypoint_train_is_the_sagemaker_entry(tmp_path):
