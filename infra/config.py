@@ -31,7 +31,7 @@ _SSM_PARAMETER = re.compile(r"^/aws/service/[A-Za-z0-9_./-]+$")
 _AMI_ID = re.compile(r"^ami-(?:[0-9a-f]{8}|[0-9a-f]{17})$")
 _EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
 # Prefixed to the stack names, hence to the group, secret and export names derived from them.
-# Short enough that "<prefix>-EfsClusterStack-cluster-key" stays a readable name.
+# Short enough that "<prefix>-EfsClusterStack-munge-key" stays a readable name.
 _NAME_PREFIX = re.compile(r"^[A-Za-z](?:[A-Za-z0-9-]{0,22}[A-Za-z0-9])?$")
 _ZONE = re.compile(r"^([a-z]{2}(?:-gov)?-[a-z]+-\d)[a-z]$")
 VPC_ZONE_COUNT = 2

@@ -132,7 +132,7 @@ def spot_overrides(node: NodeSpec) -> dict[str, Any]:
 
 class GpuCluster(Construct):
     """Master and worker groups with their launch templates, roles, security groups, the
-    cluster key's secret, the cluster placement group (without a capacity reservation) and the
+    munge key's secret, the cluster placement group (without a capacity reservation) and the
     master's Elastic IP (when `master_public`).
 
     `master_public`: the master runs in `master_subnet` (a public one) with a public address and
@@ -462,7 +462,7 @@ class GpuCluster(Construct):
         for key, value in capacity_overrides(node).items():
             launch_template_data.add_property_override(f"LaunchTemplateData.{key}", value)
         # Spot applies to the workers only: losing a worker costs a run its last steps, losing the
-        # master (rank 0, the cluster key, the node list) would stop the cluster.
+        # master (rank 0, slurmctld and its queue) would stop the cluster.
         for key, value in (spot_overrides(node) if prefix == "Worker" else {}).items():
             launch_template_data.add_property_override(f"LaunchTemplateData.{key}", value)
 

@@ -7,7 +7,7 @@
 
 ``pause`` sets the desired capacity of the master and the worker group to 0: every node
 terminates, and nothing else changes (EFS with the datasets, checkpoints and logs, the bucket, the
-training image, the cluster key and the deployment's settings all stay). ``resume`` sets each group
+training image, the munge key and the deployment's settings all stay). ``resume`` sets each group
 back to its MaxSize, which the stack's template sets to the configured size (1 master,
 ``worker_count`` workers): the sizes come from the deployment, not from this command. A redeploy
 that leaves the group sizes unchanged keeps a paused cluster paused (infra/constructs/cluster.py).
