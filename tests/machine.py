@@ -7,6 +7,7 @@ requirement fails the test instead of hiding it as a skip.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -23,3 +24,17 @@ def require(missing: str | None) -> None:
         pytest.fail(f"{missing}: CI runs as root after scripts/install.sh, so this test must run there, "
                     f"not skip", pytrace=False)
     pytest.skip(missing)
+
+
+def child_pids(pid: int) -> set[int]:
+    """The processes whose parent is ``pid`` (from /proc/<pid>/stat: the field after the command)."""
+    found = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            if stat.rsplit(")", 1)[1].split()[1] == str(pid):
+                found.add(int(entry))
+    return found

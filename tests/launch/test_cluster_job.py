@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from launch.cluster import job
+from machine import child_pids
 from launch.cluster.launch_command import mpirun_in_allocation
 from launch.rank_signals import training_ranks
 from training.run_status import read_stop_record, write_heartbeat
@@ -255,19 +256,6 @@ def test_ranks_stopped_by_hand_end_the_job_without_a_requeue(tmp_path, capsys):
 
 
 # --------------------------------------------------------------------------------- input workers
-def _children(pid: int) -> set[int]:
-    found = set()
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            if stat.rsplit(")", 1)[1].split()[1] == str(pid):
-                found.add(int(entry))
-    return found
-
-
 def test_input_workers_survive_sigterm_so_the_rank_can_finish_its_step(tmp_path):
     # scancel sends SIGTERM to every process of the job, a rank's input workers too.
     from training.config import finalize, new_config
@@ -281,10 +269,10 @@ def test_input_workers_survive_sigterm_so_the_rank_can_finish_its_step(tmp_path)
     cfg = new_config()
     cfg.update_args(OVERRIDES + ["DATA.NUM_WORKERS=2", "TRAIN.BATCH_SIZE_PER_GPU=2"])
     finalize(cfg, num_ranks=1, class_names=split.class_names, has_gpu=False)
-    before = _children(os.getpid())
+    before = child_pids(os.getpid())
     it = iter(TrainingBatches(split.training_roidb(), cfg, seed=0))
     next(it)
-    workers = _children(os.getpid()) - before
+    workers = child_pids(os.getpid()) - before
     assert len(workers) == 2
     for pid in workers:
         os.kill(pid, signal.SIGTERM)

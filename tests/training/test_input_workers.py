@@ -17,6 +17,8 @@ import pytest
 from training.config import finalize, new_config
 from training.configs.cpu_synthetic import OVERRIDES
 
+from machine import child_pids
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -41,19 +43,6 @@ def _cfg(split, workers: int, *extra):
                                  "PREPROC.MAX_SIZE=130", "TRAIN.BATCH_SIZE_PER_GPU=2",
                                  f"DATA.NUM_WORKERS={workers}", *extra])
     return finalize(cfg, num_ranks=1, class_names=split.class_names, has_gpu=False)
-
-
-def _children(pid: int) -> set[int]:
-    out = set()
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            if stat.rsplit(")", 1)[1].split()[1] == str(pid):
-                out.add(int(entry))
-    return out
 
 
 def _alive(pid: int) -> bool:
@@ -107,17 +96,17 @@ def test_a_resumed_pipeline_with_workers_continues_the_sequence(split):
 
 def test_workers_stop_when_the_iterator_is_closed_or_collected(split):
     from training.data.pipeline import TrainingBatches
-    before = _children(os.getpid())
+    before = child_pids(os.getpid())
     it = iter(TrainingBatches(split.training_roidb(), _cfg(split, 2), seed=1))
     next(it)
-    workers = _children(os.getpid()) - before
+    workers = child_pids(os.getpid()) - before
     assert len(workers) == 2
     it.close()
     assert not _wait_gone(workers)
 
     it = iter(TrainingBatches(split.training_roidb(), _cfg(split, 2), seed=1))
     next(it)
-    workers = _children(os.getpid()) - before
+    workers = child_pids(os.getpid()) - before
     assert len(workers) == 2
     del it
     gc.collect()
@@ -132,7 +121,7 @@ def test_a_worker_error_names_the_image_and_stops_the_workers(split, tmp_path):
     broken.write_bytes(b"not a png")
     for record in roidb:
         record["file_name"] = str(broken)
-    before = _children(os.getpid())
+    before = child_pids(os.getpid())
     it = iter(TrainingBatches(roidb, _cfg(split, 2), seed=1))
     with pytest.raises(InputWorkerError) as err:
         next(it)
@@ -140,16 +129,16 @@ def test_a_worker_error_names_the_image_and_stops_the_workers(split, tmp_path):
     # the image, the worker's own traceback (where it failed), the original error
     assert str(broken) in message and "Traceback" in message and "examples.py" in message
     assert "ImageReadError: cannot read image" in message
-    assert not _wait_gone(_children(os.getpid()) - before)
+    assert not _wait_gone(child_pids(os.getpid()) - before)
 
 
 def test_a_dead_worker_is_reported(split):
     from training.data.pipeline import TrainingBatches
     from training.data.workers import InputWorkerError
-    before = _children(os.getpid())
+    before = child_pids(os.getpid())
     it = iter(TrainingBatches(split.training_roidb(), _cfg(split, 1), seed=1))
     next(it)
-    (worker,) = _children(os.getpid()) - before
+    (worker,) = child_pids(os.getpid()) - before
     os.kill(worker, signal.SIGKILL)
     with pytest.raises(InputWorkerError, match="killed by signal 9 while preparing"):
         for _ in range(20):
@@ -192,7 +181,7 @@ def _start_child(tmp_path, data_dir, preamble: str = "", module: str = "pipeline
 def test_ctrl_c_stops_the_workers(tmp_path, data_dir):
     child = _start_child(tmp_path, data_dir)
     try:
-        workers = _children(child.pid)
+        workers = child_pids(child.pid)
         assert len(workers) == 2
         os.killpg(child.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole foreground group
         child.wait(timeout=30)
@@ -205,7 +194,7 @@ def test_workers_die_with_a_killed_parent_and_never_load_tensorflow(tmp_path, da
     # the main module imports TensorFlow at its top, as training.train does
     child = _start_child(tmp_path, data_dir, preamble="from training.compat import tf  # noqa", module="tf_main")
     try:
-        workers = _children(child.pid)
+        workers = child_pids(child.pid)
         assert len(workers) == 2
         assert "tensorflow" in Path(f"/proc/{child.pid}/maps").read_text()
         for pid in workers:
