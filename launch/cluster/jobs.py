@@ -256,8 +256,9 @@ def main(argv: list[str] | None = None) -> int:
             for j in [] if a.json else jobs:
                 print(f"{j['name']}  job {j['job_id']}  {j['state']}  {j['nodes']} node(s) {j['nodelist']}"
                       + (f"  ({j['reason']})" if j.get("reason") not in (None, "", "None") else ""))
-            if a.run and not a.json and run_cost(env, a.run):
-                print(f"{run_cost(env, a.run)} (the attempts that ended)")
+            spent = run_cost(env, a.run) if a.run and not a.json else None
+            if spent:
+                print(f"{spent} (the attempts that ended)")
         elif a.command == "logs":
             logdir = logdir_of(env, a.run)
             outs = sorted(logdir.glob("slurm-*.out"), key=lambda f: f.stat().st_mtime)
