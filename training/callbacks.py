@@ -230,13 +230,15 @@ class StopOnRequest(Callback):
             self._mine = tf1.placeholder_with_default(tf.constant(0, tf.int32), shape=[], name="stop_requested")
             self._anyone = hvd.allreduce(self._mine, op=hvd.Sum, name="stop_requests")
 
-    def _before_run(self, _):
-        mine = stopping.requested()
-        if mine and not self._announced:
+    def _announce(self) -> None:
+        if stopping.requested() and not self._announced:
             self._announced = True
             _print(f"[rank {self._rank}] {stopping.signal_name()} received: stopping after this step, with a "
                    f"checkpoint")
-        return tf1.train.SessionRunArgs(fetches=self._anyone, feed_dict={self._mine: int(mine)})
+
+    def _before_run(self, _):
+        self._announce()
+        return tf1.train.SessionRunArgs(fetches=self._anyone, feed_dict={self._mine: int(stopping.requested())})
 
     def _after_run(self, _, run_values):
         self._stop = int(run_values.results) > 0
@@ -244,6 +246,9 @@ class StopOnRequest(Callback):
     def _trigger_step(self):
         if not self._stop:
             return
+        # A signal that arrived while this step ran (after _before_run) is said here: another rank's
+        # request in the same step already stops this one, so no next _before_run would say it.
+        self._announce()
         step = int(self.global_step)
         self.stopped = step
         if self._rank == 0:

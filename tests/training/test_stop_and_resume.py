@@ -145,3 +145,38 @@ def test_sigterm_during_the_start_up_ends_the_run_before_training(dataset, tmp_p
     assert proc.returncode == STOPPED_EXIT_STATUS, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "stopped by SIGTERM before training started: nothing trained in this run, nothing to save" in proc.stdout
     assert latest_checkpoint(str(logdir)) is None and not re.search(r"\bstep \d+/\d+ ", proc.stdout)
+
+
+def test_a_rank_signalled_while_a_step_runs_says_so_when_another_ranks_request_stops_it(capsys):
+    """The race behind both ranks' "SIGTERM received" lines: rank 1's signal lands after its step
+    began (after StopOnRequest's before_run), and rank 0's request, summed in that same step, stops
+    rank 1 after it; rank 1 gets no later before_run, so it says it at the stop."""
+    import signal
+    from types import SimpleNamespace
+
+    from tensorpack.train.base import StopTraining
+
+    from training import stopping
+    from training.callbacks import StopOnRequest
+    from training.compat import tf, tf1
+
+    with tf.Graph().as_default():
+        callback = StopOnRequest(checkpoints=None, logdir="unused: only rank 0 saves", rank=1, steps_per_epoch=20)
+        callback.trainer = SimpleNamespace(global_step=23)
+        callback._mine = tf1.placeholder_with_default(0, shape=[])
+        callback._anyone = tf.identity(callback._mine)
+        previous = signal.getsignal(stopping.STOP_SIGNAL)
+        stopping._requested_at = None
+        try:
+            stopping.install_handler()
+            args = callback._before_run(None)
+            assert args.feed_dict[callback._mine] == 0
+            os.kill(os.getpid(), stopping.STOP_SIGNAL)              # while the step runs
+            callback._after_run(None, SimpleNamespace(results=1))   # rank 0's request, in the same step
+            with pytest.raises(StopTraining):
+                callback._trigger_step()
+        finally:
+            signal.signal(stopping.STOP_SIGNAL, previous)
+            stopping._requested_at = None
+    assert callback.stopped == 23
+    assert "[rank 1] SIGTERM received: stopping after this step, with a checkpoint" in capsys.readouterr().out
