@@ -52,12 +52,12 @@ def test_same_seed_same_bytes_other_seed_differs(dataset, tmp_path):
             != _read(dataset / "annotations/instances_train2017.json"))
 
 
-def test_masks_boxes_and_areas_are_exact(dataset):
-    coco = COCO(str(dataset / "annotations" / "instances_train2017.json"))
+def _assert_masks_boxes_and_areas_exact(annotations, image_dir):
+    coco = COCO(str(annotations))
     palette = {tuple(c) for c in synthetic.PALETTE}
     kinds = set()
     for img in coco.loadImgs(coco.getImgIds()):
-        rgb = cv2.imread(str(dataset / "train2017" / img["file_name"]))[:, :, ::-1]
+        rgb = cv2.imread(str(image_dir / img["file_name"]))[:, :, ::-1]
         anns = coco.loadAnns(coco.getAnnIds(imgIds=img["id"]))
         masks = [coco.annToMask(a).astype(bool) for a in anns]
         union = np.zeros(rgb.shape[:2], bool)
@@ -77,7 +77,58 @@ def test_masks_boxes_and_areas_are_exact(dataset):
         # Nothing outside the annotated masks has a shape colour.
         background = {tuple(c) for c in np.unique(rgb[~union], axis=0)}
         assert not background & palette
+    return kinds
+
+
+
+
+def test_masks_boxes_and_areas_are_exact(dataset):
+    kinds = _assert_masks_boxes_and_areas_exact(dataset / "annotations" / "instances_train2017.json",
+                                                dataset / "train2017")
     assert kinds == {"rle", "polygon"}  # both fully visible and occluded shapes occur
+
+
+OTHER = synthetic.SyntheticSpec(train=10, val=3, size=96, max_objects=4, min_object_size=24, max_object_size=48,
+                                seed=5, categories=("star", "cross", "hexagon"), layout="files")
+
+
+def _shoelace(xy):
+    x, y = xy[:, 0], xy[:, 1]
+    return 0.5 * abs(np.dot(x, np.roll(y, 1)) - np.dot(y, np.roll(x, 1)))
+
+
+def test_other_shapes_in_a_dataset_s_own_layout(tmp_path):
+    synthetic.generate(tmp_path, OTHER)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["images", "train.json", "val.json"]
+    for split, count in (("train", 10), ("val", 3)):
+        data = json.loads((tmp_path / f"{split}.json").read_text())
+        # catalogue ids, in the order asked for: not 1..C
+        assert [(c["id"], c["name"]) for c in data["categories"]] == [(5, "star"), (6, "cross"), (4, "hexagon")]
+        assert len(data["images"]) == count
+        assert all((tmp_path / "images" / split / i["file_name"]).is_file() for i in data["images"])
+    _assert_masks_boxes_and_areas_exact(tmp_path / "train.json", tmp_path / "images" / "train")
+    # Each fully visible shape's polygon has its shape's area, from its circumradius R (the farthest
+    # vertex from the centre): a five-pointed star 5 R r sin 36 deg with r = 0.45 R; a regular hexagon
+    # 3 sqrt(3) / 2 R^2; a plus sign of extent 2a (R^2 = a^2 + b^2, arms 2b = 2a / 3) 4 a^2 - 4 (a - b)^2.
+    data = json.loads((tmp_path / "train.json").read_text())
+    seen = set()
+    for ann in data["annotations"]:
+        if isinstance(ann["segmentation"], dict):
+            continue
+        xy = np.array(ann["segmentation"][0]).reshape(-1, 2)
+        radius = np.linalg.norm(xy - xy.mean(axis=0), axis=1).max()
+        name = {4: "hexagon", 5: "star", 6: "cross"}[ann["category_id"]]
+        if name == "star":
+            expected = 5 * radius * 0.45 * radius * np.sin(np.radians(36))
+        elif name == "hexagon":
+            expected = 3 * np.sqrt(3) / 2 * radius ** 2
+        else:
+            a = radius / np.sqrt(1 + 1 / 9)
+            expected = 4 * a ** 2 - 4 * (a - a / 3) ** 2
+        assert _shoelace(xy) == pytest.approx(expected, rel=1e-3), name
+        assert len(xy) == {"star": 10, "hexagon": 6, "cross": 12}[name]
+        seen.add(name)
+    assert seen == {"star", "cross", "hexagon"}
 
 
 def test_bad_options_are_refused(tmp_path):
@@ -85,6 +136,10 @@ def test_bad_options_are_refused(tmp_path):
         synthetic.generate(tmp_path, synthetic.SyntheticSpec(size=64, max_object_size=100))
     with pytest.raises(ValueError, match="--train"):
         synthetic.generate(tmp_path, synthetic.SyntheticSpec(train=0))
+    with pytest.raises(ValueError, match="--categories must name distinct shapes among circle"):
+        synthetic.generate(tmp_path, synthetic.SyntheticSpec(categories=("circle", "blob")))
+    with pytest.raises(ValueError, match="--layout"):
+        synthetic.generate(tmp_path, synthetic.SyntheticSpec(layout="voc"))
     assert not (tmp_path / "annotations").exists()
 
 

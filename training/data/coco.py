@@ -52,10 +52,15 @@ def layout_help(basedir: str | os.PathLike) -> str:
 
 
 def write_annotations(basedir: str | os.PathLike, split: str, dataset: dict) -> Path:
-    """Write ``dataset`` as ``basedir/annotations/instances_<split>.json``, atomically: a reader (a
-    training run, pycocotools) never sees a half-written file. Returns its path."""
+    """Write ``dataset`` as ``basedir/annotations/instances_<split>.json`` (write_annotations_file)."""
+    return write_annotations_file(Path(basedir) / "annotations" / f"instances_{split}.json", dataset)
+
+
+def write_annotations_file(path: str | os.PathLike, dataset: dict) -> Path:
+    """Write ``dataset`` to ``path``, atomically: a reader (a training run, pycocotools) never sees a
+    half-written file. Returns the path."""
     import json
-    path = Path(basedir) / "annotations" / f"instances_{split}.json"
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(dataset, sort_keys=True, separators=(",", ":")))

@@ -5,7 +5,9 @@ Writes a real dataset that the COCO reader, the trainer and COCOeval use like an
     OUTPUT/annotations/instances_train2017.json   OUTPUT/train2017/000000000001.png ...
     OUTPUT/annotations/instances_val2017.json     OUTPUT/val2017/000000000001.png ...
 
-Three categories (circle, square, triangle) in several sizes and colours, partially overlapping.
+Three categories (circle, square, triangle) in several sizes and colours, partially overlapping;
+``--categories`` picks others from a catalogue of shapes (hexagon, star, cross, ...), each keeping its
+catalogue id, so a subset has the non-contiguous category ids real datasets often have.
 Masks are exact by construction: every shape is a polygon (a circle is a 64-gon, within 0.05 px of
 the true circle at the default sizes), rasterised once with pycocotools, and that very raster is
 what gets painted. Shapes are painted in z-order, so an object's visible mask is its raster minus
@@ -15,9 +17,16 @@ pixels (a polygon cannot represent "polygon minus polygon" exactly at pixel leve
 are those of the visible mask. Objects are flat-coloured, so a mask can be checked against the
 image pixel by pixel.
 
-Same arguments and seed give byte-identical annotation files and images. Command::
+``--layout files`` writes what a team's own dataset usually looks like instead: an annotation file
+per split and an image folder per split, named by the dataset rather than by COCO::
+
+    OUTPUT/train.json   OUTPUT/images/train/000000000001.png ...
+    OUTPUT/val.json     OUTPUT/images/val/000000000001.png ...
+
+Same arguments and seed give byte-identical annotation files and images. Commands::
 
     python -m training.data.synthetic --output data/synthetic --train 1000 --val 100 --size 128 --seed 0
+    python -m training.data.synthetic --output data/tools --categories hexagon,star,cross --layout files
 """
 from __future__ import annotations
 
@@ -32,11 +41,19 @@ import cv2
 import numpy as np
 from pycocotools import mask as mask_utils
 
-from training.data.coco import write_annotations
+from training.data.coco import write_annotations, write_annotations_file
 
-CATEGORIES = ({"id": 1, "name": "circle", "supercategory": "shape"},
-              {"id": 2, "name": "square", "supercategory": "shape"},
-              {"id": 3, "name": "triangle", "supercategory": "shape"})
+# Every shape the generator can draw, with its category id; the default dataset uses the first three.
+CATALOGUE = ({"id": 1, "name": "circle", "supercategory": "shape"},
+             {"id": 2, "name": "square", "supercategory": "shape"},
+             {"id": 3, "name": "triangle", "supercategory": "shape"},
+             {"id": 4, "name": "hexagon", "supercategory": "shape"},
+             {"id": 5, "name": "star", "supercategory": "shape"},
+             {"id": 6, "name": "cross", "supercategory": "shape"})
+SHAPE_NAMES = tuple(c["name"] for c in CATALOGUE)
+DEFAULT_CATEGORIES = SHAPE_NAMES[:3]
+CATEGORIES = CATALOGUE[:3]
+LAYOUTS = ("coco", "files")
 
 # Saturated RGB colours; the background is low-saturation, so no background pixel equals one.
 PALETTE = ((230, 40, 40), (40, 200, 60), (50, 90, 235), (240, 210, 30),
@@ -44,6 +61,9 @@ PALETTE = ((230, 40, 40), (40, 200, 60), (50, 90, 235), (240, 210, 30),
 
 CIRCLE_VERTICES = 64
 SPLITS = ("train2017", "val2017")
+FILES_SPLITS = ("train", "val")     # --layout files: OUTPUT/<split>.json and OUTPUT/images/<split>/
+STAR_INNER = 0.45                   # a star's inner radius, as a fraction of its outer one
+CROSS_ARM = 1 / 3                   # a cross's arm width, as a fraction of its extent
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,6 +80,12 @@ class SyntheticSpec:
     min_visible: float = 0.5        # an occluded object keeps at least this fraction of its pixels
     image_format: str = "png"       # png (lossless, exact colours) or jpg
     seed: int = 0
+    categories: tuple = DEFAULT_CATEGORIES   # shape names from CATALOGUE
+    layout: str = "coco"            # coco (annotations/instances_<split>.json) or files (<split>.json)
+
+    def category_list(self) -> list[dict]:
+        by_name = {c["name"]: c for c in CATALOGUE}
+        return [dict(by_name[name]) for name in self.categories]
 
     def validate(self) -> None:
         problems = []
@@ -77,21 +103,42 @@ class SyntheticSpec:
             problems.append(f"--min-visible must be in (0, 1] (got {self.min_visible})")
         if self.image_format not in ("png", "jpg"):
             problems.append(f"--format must be png or jpg (got {self.image_format!r})")
+        unknown = [c for c in self.categories if c not in SHAPE_NAMES]
+        if not self.categories or unknown or len(set(self.categories)) != len(self.categories):
+            problems.append(f"--categories must name distinct shapes among {', '.join(SHAPE_NAMES)} "
+                            f"(got {','.join(self.categories) or 'none'})")
+        if self.layout not in LAYOUTS:
+            problems.append(f"--layout must be one of {', '.join(LAYOUTS)} (got {self.layout!r})")
         if problems:
             raise ValueError("invalid synthetic dataset options: " + "; ".join(problems))
 
 
-def _shape_polygon(rng: np.random.Generator, category: int, size: float) -> np.ndarray:
+def _shape_polygon(rng: np.random.Generator, shape: str, size: float) -> np.ndarray:
     """Vertices [K, 2] (x, y) of a shape of extent ``size`` centred at the origin."""
-    if category == 1:  # circle of diameter `size`
+    if shape == "circle":  # diameter `size`
         angles = np.arange(CIRCLE_VERTICES) * (2 * math.pi / CIRCLE_VERTICES)
         radius = size / 2
-    elif category == 2:  # square of side `size`, axis-aligned or tilted up to 30 degrees
+    elif shape == "square":  # side `size`, axis-aligned or tilted up to 30 degrees
         angles = np.array([0.25, 0.75, 1.25, 1.75]) * math.pi + rng.uniform(-math.pi / 6, math.pi / 6)
         radius = size / math.sqrt(2)
-    else:  # equilateral triangle of side `size`, any rotation
+    elif shape == "triangle":  # equilateral, side `size`, any rotation
         angles = np.array([0.0, 2 / 3, 4 / 3]) * math.pi + rng.uniform(0, 2 * math.pi)
         radius = size / math.sqrt(3)
+    elif shape == "hexagon":  # regular, corner to corner `size`, any rotation
+        angles = np.arange(6) * (math.pi / 3) + rng.uniform(0, math.pi / 3)
+        radius = size / 2
+    elif shape == "star":  # five points on a circle of diameter `size`, any rotation
+        angles = np.arange(10) * (math.pi / 5) + rng.uniform(0, 2 * math.pi / 5)
+        radius = np.where(np.arange(10) % 2 == 0, size / 2, STAR_INNER * size / 2)
+    elif shape == "cross":  # a plus sign `size` wide, arms CROSS_ARM of it, tilted up to 30 degrees
+        a, b = size / 2, CROSS_ARM * size / 2
+        corners = np.array([(b, a), (b, b), (a, b), (a, -b), (b, -b), (b, -a),
+                            (-b, -a), (-b, -b), (-a, -b), (-a, b), (-b, b), (-b, a)])
+        turn = rng.uniform(-math.pi / 6, math.pi / 6)
+        rotation = np.array([[math.cos(turn), -math.sin(turn)], [math.sin(turn), math.cos(turn)]])
+        return corners @ rotation.T
+    else:
+        raise ValueError(f"unknown shape {shape!r}: one of {', '.join(SHAPE_NAMES)}")
     return np.stack([radius * np.cos(angles), radius * np.sin(angles)], axis=1)
 
 
@@ -131,9 +178,11 @@ def _place_shapes(rng: np.random.Generator, spec: SyntheticSpec) -> list[_Shape]
     for _ in range(wanted * 20):
         if len(shapes) == wanted:
             break
-        category = int(rng.integers(1, len(CATEGORIES) + 1))
+        index = int(rng.integers(1, len(spec.categories) + 1))
+        shape_name = spec.categories[index - 1]
+        category = SHAPE_NAMES.index(shape_name) + 1
         extent = float(rng.uniform(spec.min_object_size, spec.max_object_size))
-        polygon = _shape_polygon(rng, category, extent)
+        polygon = _shape_polygon(rng, shape_name, extent)
         low, high = polygon.min(axis=0), polygon.max(axis=0)
         if np.any(high - low > size):
             continue
@@ -201,7 +250,7 @@ def _rle_json(rle: dict) -> dict:
 
 def _write_split(output: Path, split: str, count: int, spec: SyntheticSpec,
                  seed_seq: np.random.SeedSequence) -> Path:
-    image_dir = output / split
+    image_dir = output / split if spec.layout == "coco" else output / "images" / split
     image_dir.mkdir(parents=True, exist_ok=True)
     images, annotations = [], []
     extension = "png" if spec.image_format == "png" else "jpg"
@@ -222,9 +271,11 @@ def _write_split(output: Path, split: str, count: int, spec: SyntheticSpec,
         "licenses": [],
         "images": images,
         "annotations": annotations,
-        "categories": [dict(c) for c in CATEGORIES],
+        "categories": spec.category_list(),
     }
-    return write_annotations(output, split, dataset)
+    if spec.layout == "coco":
+        return write_annotations(output, split, dataset)
+    return write_annotations_file(output / f"{split}.json", dataset)
 
 
 def generate(output: str | os.PathLike, spec: SyntheticSpec = SyntheticSpec()) -> dict[str, Path]:
@@ -232,9 +283,10 @@ def generate(output: str | os.PathLike, spec: SyntheticSpec = SyntheticSpec()) -
     spec.validate()
     output = Path(output)
     train_seq, val_seq = np.random.SeedSequence(spec.seed).spawn(2)
+    train, val = SPLITS if spec.layout == "coco" else FILES_SPLITS
     return {
-        "train2017": _write_split(output, "train2017", spec.train, spec, train_seq),
-        "val2017": _write_split(output, "val2017", spec.val, spec, val_seq),
+        train: _write_split(output, train, spec.train, spec, train_seq),
+        val: _write_split(output, val, spec.val, spec, val_seq),
     }
 
 
@@ -257,15 +309,20 @@ def main(argv: list[str] | None = None) -> int:
                         help="fraction of an occluded shape that stays visible")
     parser.add_argument("--format", dest="image_format", choices=("png", "jpg"), default=defaults.image_format)
     parser.add_argument("--seed", type=int, default=defaults.seed)
+    parser.add_argument("--categories", default=",".join(defaults.categories),
+                        help=f"comma-separated shapes, from: {', '.join(SHAPE_NAMES)}")
+    parser.add_argument("--layout", choices=LAYOUTS, default=defaults.layout,
+                        help="coco: annotations/instances_<split>.json beside <split>/; "
+                             "files: <split>.json beside images/<split>/ (train, val)")
     args = vars(parser.parse_args(argv))
     output = args.pop("output")
+    args["categories"] = tuple(name.strip() for name in args["categories"].split(",") if name.strip())
     spec = SyntheticSpec(**args)
     try:
         paths = generate(output, spec)
     except ValueError as err:
         parser.error(str(err))
-    for split, path in paths.items():
-        count = spec.train if split == "train2017" else spec.val
+    for (split, path), count in zip(paths.items(), (spec.train, spec.val)):
         print(f"{split}: {count} images, annotations in {path}")
     return 0
 
