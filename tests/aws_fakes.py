@@ -46,7 +46,8 @@ def node_groups(session, sizes: dict[str, tuple[int, int, int]]) -> str:
 def capture_requests(session, operation="CreateTrainingJob"):
     """JSON bodies of SageMaker `operation` requests as they leave botocore for the server.
 
-    moto's describe drops fields (NOTES.md), so tests assert on what was sent."""
+    moto's DescribeTrainingJob returns canned metric definitions and drops the environment, so
+    tests assert on what was sent."""
     seen = []
     session.events.register(f"before-send.sagemaker.{operation}",
                             lambda request, **kw: seen.append(json.loads(request.body)))

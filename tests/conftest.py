@@ -78,8 +78,9 @@ def aws_env(moto_server, monkeypatch):
 
 @pytest.fixture
 def sagemaker_env(aws_env, tmp_path, monkeypatch):
-    """moto plus the SageMaker SDK settings that keep it local (NOTES.md): no IAM role
-    simulation, no telemetry."""
+    """moto plus the SageMaker SDK settings that keep it local: no IAM role simulation
+    (SAGEMAKER_VALIDATE_ROLE=false), no telemetry (the SDK sends it over plain HTTP to an AWS host
+    that AWS_ENDPOINT_URL does not redirect)."""
     config = tmp_path / "sagemaker-config.yaml"
     config.write_text("SchemaVersion: '1.0'\nSageMaker:\n  PythonSDK:\n    Modules:\n"
                       "      TelemetryOptOut: true\n")

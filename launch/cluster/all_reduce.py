@@ -38,8 +38,8 @@ class BusBwFloor:
 
 # Published p4d.24xlarge run: aws-samples/aws-efa-eks README, 2 nodes x 8 A100 over EFA with GPUDirect
 # RDMA, all_reduce_perf -b 8 -e 1G -f 2 -g 1 (NCCL 2.8.3, aws-ofi-nccl): "# Avg bus bandwidth :
-# 7.80081", 32.7 GB/s bus bandwidth at 1 GiB. Newer NCCL and plugin releases reach more (NVIDIA/nccl
-# issue 527: 57 GB/s at 1 GiB on 2 nodes), so 75% of the older run is a floor a healthy node clears
+# 7.80081", 32.7 GB/s bus bandwidth at 1 GiB. Newer NCCL and plugin releases reach more (NVIDIA/nccl's
+# GitHub issue 527: 57 GB/s at 1 GiB on 2 nodes), so 75% of the older run is a floor a healthy node clears
 # with room to spare, and a fall-back to TCP sockets (about 1-2 GB/s averaged over this sweep) does not.
 _P4D = BusBwFloor(5.8, "75% of 7.80 GB/s, the published 2-node p4d.24xlarge run of this sweep "
                        "(aws-samples/aws-efa-eks)")
