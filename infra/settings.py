@@ -169,9 +169,9 @@ def show(path: Path, as_json: bool) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m infra.settings",
+        prog="maskrcnn settings",
         description="The deployment's settings, kept in a file that every cdk command reads.",
-        epilog="example: python -m infra.settings set instance_type=p4d.24xlarge worker_count=3 "
+        epilog="example: maskrcnn settings set instance_type=p4d.24xlarge worker_count=3 "
                "efa=true")
     parser.add_argument("--file", type=Path, default=DEFAULT_PATH,
                         help=f"settings file (default: {DEFAULT_PATH.name} at the repository root; "

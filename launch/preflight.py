@@ -482,7 +482,7 @@ def format_results(results: list[CheckResult]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m launch.preflight", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="maskrcnn preflight", description=__doc__.splitlines()[0])
     p.add_argument("--region", help="default: AWS_REGION / the profile's region")
     p.add_argument("--settings-file", type=Path,
                    help=f"the deployment's settings (default: {DEFAULT_PATH.name} at the repository root; "

@@ -648,7 +648,7 @@ def run(settings: Settings, *, session: boto3.session.Session, runner: Runner, a
 
 def main(argv: list[str] | None = None, *, runner: Runner = run_subprocess,
          session: boto3.session.Session | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m launch.smoke", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="maskrcnn smoke-aws", description=__doc__.splitlines()[0])
     p.add_argument("--region")
     p.add_argument("--yes", action="store_true", help="do not ask before creating resources")
     p.add_argument("--delete-data", action="store_true",

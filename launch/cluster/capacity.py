@@ -228,7 +228,7 @@ def main(argv: list[str] | None = None, *, clock=time.monotonic, sleep=time.slee
                             help=f"the cluster stack's name (default {outputs.EFS_CLUSTER_STACK}, "
                                  "with the name prefix in front)")
 
-    p = argparse.ArgumentParser(prog="python -m launch.cluster.capacity",
+    p = argparse.ArgumentParser(prog="maskrcnn cluster",
                                 description=__doc__.splitlines()[0])
     deployment_options(p, None)
     # The same options after the command too (`pause --region R`); given there, they win.

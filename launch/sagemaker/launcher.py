@@ -331,7 +331,7 @@ def _hyperparameters(pairs: list[str], json_file: str | None) -> dict[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m launch.sagemaker.launcher", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="maskrcnn sagemaker", description=__doc__.splitlines()[0])
     p.add_argument("--region")
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("start", help="start a training job")

@@ -293,7 +293,7 @@ def generate(output: str | os.PathLike, spec: SyntheticSpec = SyntheticSpec()) -
 def main(argv: list[str] | None = None) -> int:
     defaults = SyntheticSpec()
     parser = argparse.ArgumentParser(
-        prog="python -m training.data.synthetic",
+        prog="maskrcnn synthetic",
         description="Write a deterministic COCO-format dataset of coloured shapes with exact masks.")
     parser.add_argument("--output", required=True, help="dataset directory (created; files overwritten)")
     parser.add_argument("--train", type=int, default=defaults.train, help="training images")

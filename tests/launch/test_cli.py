@@ -1,0 +1,49 @@
+"""The `maskrcnn` command as installed (the console script pyproject.toml declares, in the venv
+scripts/install.sh makes): every subcommand answers --help with its own usage and an example, and
+bad input ends with one clear line and a non-zero status. Each subcommand's behaviour is tested
+with its module."""
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from launch.cli import COMMANDS
+
+TOOL = Path(sys.executable).parent / "maskrcnn"
+
+
+def _run(*args, timeout=120):
+    return subprocess.run([str(TOOL), *args], capture_output=True, text=True, timeout=timeout)
+
+
+def test_the_tool_is_installed_and_lists_every_command():
+    result = _run("--help")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("usage: maskrcnn COMMAND")
+    listed = [line.split()[0] for line in result.stdout.splitlines() if line.startswith("  ")]
+    assert listed == list(COMMANDS)
+
+
+@pytest.mark.parametrize("name", list(COMMANDS))
+def test_every_command_has_help_with_its_usage_and_an_example(name):
+    result = _run(name, "--help")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(f"usage: maskrcnn {name}"), result.stdout[:200]
+    example = result.stdout.rstrip().splitlines()[-1]
+    assert example.startswith(f"example: maskrcnn {name}")
+
+
+def test_an_unknown_command_is_one_line_and_status_2():
+    result = _run("trian")
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.count("\n") == 1
+    assert "unknown command 'trian'" in result.stderr and "train" in result.stderr
+
+
+def test_bad_input_to_a_command_is_one_error_line_before_anything_is_written(tmp_path):
+    result = _run("synthetic", "--output", str(tmp_path / "out"), "--categories", "circle,blob")
+    assert result.returncode == 2
+    error = result.stderr.strip().splitlines()[-1]
+    assert error.startswith("maskrcnn synthetic: error:") and "blob" in error
+    assert not (tmp_path / "out").exists()
