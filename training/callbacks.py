@@ -325,30 +325,38 @@ def _evaluated_records(split, max_images: int) -> list[dict]:
     return split.roidb[:max_images] if max_images else split.roidb
 
 
-def evaluate_split(split, detections: list[dict], cfg, *, max_images: int = 0) -> dict[str, float]:
+def evaluate_split(split, detections: list[dict], cfg, *, max_images: int = 0) -> tuple[dict[str, float], dict]:
     """COCOeval (bbox, and segm for a mask model) of ``detections`` on the images ``predict_split``
-    covers; prints one metric line per figure (what SageMaker's regexes read) and the mAP table."""
+    covers; prints one metric line per figure (what SageMaker's regexes read) and the mAP table with
+    the AP of each class. Returns the figures and the per-class APs (``evaluation.evaluate_with_classes``)."""
     iou_types = ("bbox", "segm") if cfg.MODE_MASK else ("bbox",)
     ids = [r["image_id"] for r in _evaluated_records(split, max_images)]
-    results = evaluation.evaluate(split, detections, iou_types=iou_types, image_ids=ids)
+    results, per_class = evaluation.evaluate_with_classes(split, detections, iou_types=iou_types, image_ids=ids)
     for line in evaluation.metric_lines(results):
         _print(line)
-    _print(evaluation.format_table(results))
-    return results
+    _print(evaluation.format_table(results, per_class))
+    return results, per_class
 
 
-def predict_split(predict_fn, split, cfg, *, rank: int = 0, size: int = 1, max_images: int = 0) -> list[dict]:
-    """COCO result dicts for this rank's share (every ``size``-th image from ``rank``) of ``split``."""
+def predict_split(predict_fn, split, cfg, *, rank: int = 0, size: int = 1, max_images: int = 0,
+                  batch_size: int | None = None, on_image=None) -> list[dict]:
+    """COCO result dicts for this rank's share (every ``size``-th image from ``rank``) of ``split``,
+    in image order, ``batch_size`` images (default TEST.BATCH_SIZE) per session run.
+
+    ``on_image(record, image, detections)``, if given, sees every image and its detections
+    (training.predict draws them)."""
     from training.data.pipeline import iterate_test_images
-    from training.inference import detect
+    from training.inference import detect_all
 
     mine = _evaluated_records(split, max_images)[rank::size]
-    results = []
-    for idx, image in iterate_test_images([r["file_name"] for r in mine], num_workers=cfg.DATA.NUM_WORKERS):
-        det = detect(predict_fn, image, cfg)
-        results += evaluation.detections_to_coco(mine[idx]["image_id"], det["boxes"], det["scores"], det["labels"],
-                                                 det["masks"], split.contiguous_to_coco_id)
-    return results
+    per_image = {}
+    images = iterate_test_images([r["file_name"] for r in mine], num_workers=cfg.DATA.NUM_WORKERS)
+    for idx, image, det in detect_all(predict_fn, images, cfg, batch_size=batch_size):
+        per_image[idx] = evaluation.detections_to_coco(mine[idx]["image_id"], det["boxes"], det["scores"],
+                                                       det["labels"], det["masks"], split.contiguous_to_coco_id)
+        if on_image is not None:
+            on_image(mine[idx], image, det)
+    return [r for idx in sorted(per_image) for r in per_image[idx]]
 
 
 class COCOEvaluator(Callback):
@@ -356,7 +364,8 @@ class COCOEvaluator(Callback):
 
     Each rank predicts its share of the validation images; detections are gathered to rank 0
     through Horovod (no shared file system), which runs COCOeval, prints one SageMaker metric line
-    per figure plus the mAP table, and appends the figures to ``eval_results.json``.
+    per figure plus the mAP table, and appends the figures to ``eval_results.json`` (the AP of each
+    class under ``"per_class_AP"``: ``{"bbox": {class name: AP}, "segm": {...}}``).
     """
 
     chief_only = False
@@ -388,15 +397,21 @@ class COCOEvaluator(Callback):
         everything = evaluation.gather_detections(local)
         if self.rank != 0:
             return None
-        results = evaluate_split(self.split, everything, self.cfg, max_images=self.cfg.TRAIN.EVAL_MAX_IMAGES)
+        results, per_class = evaluate_split(self.split, everything, self.cfg,
+                                            max_images=self.cfg.TRAIN.EVAL_MAX_IMAGES)
         count = len(_evaluated_records(self.split, self.cfg.TRAIN.EVAL_MAX_IMAGES))
         _print(f"evaluation of {count} images took {time.time() - start:.1f}s")
         for name, value in results.items():
             self.trainer.monitors.put_scalar(name, value)
+        for iou_type, aps in per_class.items():
+            for class_name, value in aps.items():
+                if value >= 0:  # -1: no ground truth of the class among the evaluated images
+                    self.trainer.monitors.put_scalar(f"AP({iou_type})/{class_name}", value)
         if self.logdir:
             path = os.path.join(self.logdir, EVAL_RESULTS_FILE)
             history = json.load(open(path)) if os.path.exists(path) else []
-            history.append({"epoch": self.epoch_num, "global_step": int(self.global_step), **results})
+            history.append({"epoch": self.epoch_num, "global_step": int(self.global_step), **results,
+                            evaluation.PER_CLASS_KEY: per_class})
             tmp = path + ".tmp"
             with open(tmp, "w") as f:
                 json.dump(history, f, indent=1)

@@ -272,6 +272,9 @@ _C.MRCNN.ACCURATE_PASTE = True       # bilinear sampling at image-pixel centres;
 _C.TEST.FRCNN_NMS_THRESH = 0.5
 _C.TEST.RESULT_SCORE_THRESH = 0.05
 _C.TEST.RESULTS_PER_IM = 100
+# Images per session run when predicting (training.predict, the evaluation during training). A batch
+# holds images whose padded sizes are equal, so each image's detections are what it gets alone.
+_C.TEST.BATCH_SIZE = 1
 # fmt: on
 
 _C.freeze()
@@ -409,7 +412,8 @@ def _finalize(cfg: AttrDict, *, num_ranks: int, class_names, has_gpu) -> None:
              f"MRCNN.MASK_SIZE must be an even integer >= 4, got {cfg.MRCNN.MASK_SIZE!r}")
     for key in ("RPN.BATCH_PER_IM", "FRCNN.BATCH_PER_IM", "RPN.TRAIN_POST_NMS_TOPK", "RPN.TEST_POST_NMS_TOPK",
                 "RPN.TRAIN_PRE_NMS_TOPK", "RPN.TEST_PRE_NMS_TOPK", "RPN.TRAIN_PER_LEVEL_NMS_TOPK",
-                "RPN.TEST_PER_LEVEL_NMS_TOPK", "TEST.RESULTS_PER_IM", "FRCNN.POOLED_SIZE", "MRCNN.NUM_CONV"):
+                "RPN.TEST_PER_LEVEL_NMS_TOPK", "TEST.RESULTS_PER_IM", "TEST.BATCH_SIZE", "FRCNN.POOLED_SIZE",
+                "MRCNN.NUM_CONV"):
         v = cfg.get(key)
         _require(_is_int(v) and v >= (0 if key == "MRCNN.NUM_CONV" else 1), f"{key} must be a positive integer, got {v!r}")
     for key in ("RPN.FG_RATIO", "FRCNN.FG_RATIO"):

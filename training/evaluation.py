@@ -2,8 +2,9 @@
 
 Every rank predicts on its share of the validation images and turns its outputs into COCO result
 dicts (:func:`detections_to_coco`); :func:`gather_detections` brings them to rank 0 through Horovod
-(no shared file system needed); rank 0 runs :func:`evaluate` and logs :func:`metric_lines` (the
-lines SageMaker's metric regexes read) and :func:`format_table`.
+(no shared file system needed); rank 0 runs :func:`evaluate_with_classes` and logs
+:func:`metric_lines` (the lines SageMaker's metric regexes read) and :func:`format_table` (the
+summary figures and the AP of each class).
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from training.metrics import COCO_STAT_SUFFIXES, IOU_TYPES, format_metric, map_m
 log = logging.getLogger(__name__)
 
 GATHER_NAME = "gather_detections"
+PER_CLASS_KEY = "per_class_AP"   # eval_results.json: {"bbox": {class name: AP at IoU=0.5:0.95}, "segm": ...}
 
 
 def detections_to_coco(image_id: int, boxes: np.ndarray, scores: np.ndarray, labels: np.ndarray,
@@ -89,19 +91,27 @@ def evaluate(coco_gt, detections: Sequence[dict], iou_types: Sequence[str] = IOU
     No detections at all gives 0.0 everywhere. As in COCOeval, -1.0 means the ground truth has no
     object in that size range (small < 32^2 px area <= medium < 96^2 <= large).
     """
+    return evaluate_with_classes(coco_gt, detections, iou_types, image_ids)[0]
+
+
+def evaluate_with_classes(coco_gt, detections: Sequence[dict], iou_types: Sequence[str] = IOU_TYPES,
+                          image_ids: Sequence[int] | None = None) -> tuple[dict[str, float], dict]:
+    """:func:`evaluate`'s figures, and per IoU type the AP of every category by name
+    (:func:`per_class_ap`): ``{"bbox": {"circle": 0.81, ...}, "segm": {...}}``."""
     for iou_type in iou_types:
         if iou_type not in IOU_TYPES:
             raise ValueError(f"iou_type {iou_type!r} is not one of {IOU_TYPES}")
-    if not detections:
-        return empty_results(iou_types)
     if "segm" in iou_types and any("segmentation" not in d for d in detections):
         raise ValueError("segm evaluation needs a 'segmentation' in every detection; "
                          "evaluate with iou_types=('bbox',) for a model without masks")
     gt = _as_coco(coco_gt)
+    if not detections:
+        names = [c["name"] for c in gt.loadCats(sorted(gt.getCatIds()))]
+        return empty_results(iou_types), {t: dict.fromkeys(names, 0.0) for t in iou_types}
     unknown = {d["image_id"] for d in detections} - set(gt.getImgIds())
     if unknown:
         raise ValueError(f"detections for image ids not in the ground truth: {sorted(unknown)[:5]}")
-    results = {}
+    results, per_class = {}, {}
     with contextlib.redirect_stdout(io.StringIO()) as printed:
         # loadRes adds ids and areas to the dicts it gets: give it copies.
         dt = gt.loadRes(copy.deepcopy(list(detections)))
@@ -114,8 +124,28 @@ def evaluate(coco_gt, detections: Sequence[dict], iou_types: Sequence[str] = IOU
             coco_eval.summarize()
             for suffix, value in zip(COCO_STAT_SUFFIXES, coco_eval.stats[:len(COCO_STAT_SUFFIXES)]):
                 results[map_metric_name(iou_type, suffix)] = float(value)
+            per_class[iou_type] = per_class_ap(coco_eval)
     log.debug("COCOeval output:\n%s", printed.getvalue())
-    return results
+    return results, per_class
+
+
+def per_class_ap(coco_eval: COCOeval) -> dict[str, float]:
+    """AP at IoU=0.50:0.95 of each category (by name, in category id order) of an accumulated COCOeval.
+
+    COCOeval's ``eval["precision"]`` is ``[T IoU thresholds, R recall points, K categories, A area
+    ranges, M max detections]``; a category's AP is the mean of its entries above -1 at area "all"
+    and 100 detections per image, the average ``summarize()`` takes over all categories for
+    ``stats[0]``. -1.0: no ground truth of that category in the evaluated images.
+    """
+    params = coco_eval.params
+    precision = coco_eval.eval["precision"][:, :, :, params.areaRngLbl.index("all"), params.maxDets.index(100)]
+    names = {c["id"]: c["name"] for c in coco_eval.cocoGt.loadCats(params.catIds)}
+    out = {}
+    for k, cat_id in enumerate(params.catIds):
+        values = precision[:, :, k]
+        values = values[values > -1]
+        out[names[cat_id]] = float(values.mean()) if values.size else -1.0
+    return out
 
 
 def metric_lines(results: Mapping[str, float]) -> list[str]:
@@ -123,21 +153,34 @@ def metric_lines(results: Mapping[str, float]) -> list[str]:
     return [format_metric(name, value) for name, value in results.items()]
 
 
-def format_table(results: Mapping[str, float]) -> str:
-    """The end-of-job mAP table; "-" where COCOeval had no ground truth in that size range."""
+def format_table(results: Mapping[str, float], per_class: Mapping[str, Mapping[str, float]] | None = None) -> str:
+    """The end-of-job mAP table; "-" where COCOeval had no ground truth in that size range (or of
+    that class). With ``per_class`` (:func:`evaluate_with_classes`), a second table: AP at
+    IoU=0.5:0.95 per class, one column per IoU type."""
     headers = ("mAP", "IoU=0.5:0.95", "IoU=0.5", "IoU=0.75", "small", "medium", "large")
     rows = []
     for iou_type in IOU_TYPES:
         names = [map_metric_name(iou_type, s) for s in COCO_STAT_SUFFIXES]
         if not any(n in results for n in names):
             continue
-        cells = []
-        for name in names:
-            value = results.get(name)
-            cells.append("-" if value is None or value < 0 else f"{value:.4f}")
-        rows.append((iou_type,) + tuple(cells))
+        rows.append((iou_type,) + tuple(_cell(results.get(name)) for name in names))
     if not rows:
         return "no evaluation results"
+    text = _table(headers, rows)
+    types = [t for t in IOU_TYPES if per_class and per_class.get(t)]
+    if types:
+        classes = list(dict.fromkeys(name for t in types for name in per_class[t]))
+        text += "\n\n" + _table(("AP per class (IoU=0.5:0.95)",) + tuple(types),
+                                 [(name,) + tuple(_cell(per_class[t].get(name)) for t in types) for name in classes])
+    return text
+
+
+def _cell(value) -> str:
+    return "-" if value is None or value < 0 else f"{value:.4f}"
+
+
+def _table(headers, rows) -> str:
+    """Left-aligned first column, right-aligned others, a rule under the headers."""
     widths = [max(len(r[i]) for r in [headers] + rows) for i in range(len(headers))]
     lines = ["  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths)))
              for row in [headers] + rows]

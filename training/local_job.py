@@ -83,7 +83,7 @@ def main(argv=None) -> int:
     final = json.loads(results_file.read_text())[-1]
     print(f"\nfinal COCO evaluation (epoch {final['epoch']}, step {final['global_step']}), "
           f"wall time {wall / 60:.1f} min for the whole job; log dir {logdir}")
-    print(format_table({k: v for k, v in final.items() if k.startswith("mAP")}))
+    print(format_table({k: v for k, v in final.items() if k.startswith("mAP")}, final.get("per_class_AP")))
     ap50 = {t: final.get(f"mAP({t})/IoU=0.5", 0.0) for t in ("bbox", "segm")}
     accurate = all(v >= TARGET_AP50 for v in ap50.values())  # a NaN (diverged run) is not >=: fails
     in_time = wall <= TARGET_MINUTES * 60

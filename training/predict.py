@@ -1,13 +1,18 @@
-"""Predict with a trained checkpoint and write COCO-format results (boxes, scores, RLE masks).
+"""Predict with a trained checkpoint: COCO-format results (boxes, scores, RLE masks) and/or pictures.
 
     python -m training.predict --checkpoint train_log/run1 --split val2017 --output results.json [--evaluate]
     python -m training.predict --checkpoint train_log/run1/model-2500 --images photos/ --output results.json
+    python -m training.predict --checkpoint train_log/run1 --images photos/ --draw drawn/ --score-threshold 0.5
 
 --checkpoint is a log dir (its latest checkpoint) or a checkpoint prefix; the run's config.json
 next to it rebuilds the model. With --split the image ids and category ids are the dataset's;
 with --images the images are numbered 1.. in file-name order, each result also names its file.
 --evaluate scores a split's results with COCOeval and prints the metric lines and mAP table that
 training prints (for a run trained with DATA.VAL=(), or another split).
+--draw DIR writes every image with its detections of at least --score-threshold drawn on it
+(translucent masks, boxes, class names, scores) to DIR, under the image's own file name and format.
+--batch-size images go through the network per run (default: the run's TEST.BATCH_SIZE); a batch
+holds images of one padded size, so the detections do not depend on it.
 """
 from __future__ import annotations
 
@@ -18,6 +23,7 @@ import sys
 from pathlib import Path
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp")
+DRAW_SCORE_THRESHOLD = 0.5
 
 
 def parse_args(argv=None):
@@ -26,8 +32,12 @@ def parse_args(argv=None):
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--images", help="a folder of images")
     src.add_argument("--split", help="a split of the dataset under DATA.BASEDIR (e.g. val2017)")
-    p.add_argument("--output", required=True, help="results JSON to write")
+    p.add_argument("--output", help="results JSON to write")
     p.add_argument("--evaluate", action="store_true", help="with --split: COCO evaluation of the results")
+    p.add_argument("--draw", metavar="DIR", help="write each image with its detections drawn on it to DIR")
+    p.add_argument("--score-threshold", type=float, default=DRAW_SCORE_THRESHOLD,
+                   help=f"--draw shows detections scoring at least this (default {DRAW_SCORE_THRESHOLD})")
+    p.add_argument("--batch-size", type=int, help="images per network run (default: the run's TEST.BATCH_SIZE)")
     p.add_argument("--config", nargs="*", default=[], metavar="KEY=VALUE", help="config overrides (e.g. DATA.BASEDIR=...)")
     return p.parse_args(argv)
 
@@ -102,17 +112,55 @@ def build_predictor(cfg, checkpoint: str):
     return lambda images, image_hw: predictor(images, image_hw)
 
 
+def check_args(args) -> str | None:
+    """The problem with the command line, if any (before anything is loaded or written)."""
+    if not args.output and not args.draw:
+        return "nothing to write: give --output FILE (results JSON) and/or --draw DIR (pictures)"
+    if args.evaluate and not args.split:
+        return "--evaluate needs --split (a folder of images has no ground truth)"
+    if not 0.0 <= args.score_threshold <= 1.0:
+        return f"--score-threshold must be between 0 and 1, got {args.score_threshold}"
+    if args.batch_size is not None and args.batch_size < 1:
+        return f"--batch-size must be at least 1, got {args.batch_size}"
+    if args.draw and os.path.exists(args.draw) and not os.path.isdir(args.draw):
+        return f"--draw {args.draw} is a file: give a folder (it is created if missing)"
+    return None
+
+
+class Drawer:
+    """Writes each image with its detections of at least ``threshold`` drawn, as ``folder/<file name>``."""
+
+    def __init__(self, folder: Path, class_names, threshold: float):
+        self.folder = folder
+        self.class_names = list(class_names)
+        self.threshold = threshold
+        self.count = 0
+
+    def __call__(self, file_name, image, det) -> None:
+        from training.draw import class_color, draw_instances, write_image
+        keep = det["scores"] >= self.threshold
+        labels = det["labels"][keep]
+        drawn = draw_instances(image, det["boxes"][keep], det["masks"][keep] if det["masks"] is not None else None,
+                               names=[self.class_names[i] for i in labels], scores=det["scores"][keep],
+                               colors=[class_color(int(i)) for i in labels])
+        self.folder.mkdir(parents=True, exist_ok=True)
+        write_image(self.folder / Path(file_name).name, drawn)
+        self.count += 1
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
-    if args.evaluate and not args.split:
-        print("error: --evaluate needs --split (a folder of images has no ground truth)", file=sys.stderr)
+    problem = check_args(args)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
         return 2
     checkpoint, logdir = resolve_checkpoint(args.checkpoint)
-    cfg, category_ids = load_run_config(logdir, args.config)
+    overrides = list(args.config) + ([f"TEST.BATCH_SIZE={args.batch_size}"] if args.batch_size else [])
+    cfg, category_ids = load_run_config(logdir, overrides)
     from training import evaluation
     from training.callbacks import evaluate_split, predict_split
     from training.data.pipeline import iterate_test_images
-    from training.inference import detect
+    from training.inference import detect_all
     if args.images:
         folder = Path(args.images)
         paths = sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES) if folder.is_dir() else []
@@ -126,23 +174,31 @@ def main(argv=None) -> int:
         except DatasetError as err:
             print(f"error: {err}", file=sys.stderr)
             return 2
+    drawer = Drawer(Path(args.draw), cfg.DATA.CLASS_NAMES, args.score_threshold) if args.draw else None
     predict_fn = build_predictor(cfg, checkpoint)
     if args.images:
-        results = []
-        for idx, image in iterate_test_images(paths, num_workers=cfg.DATA.NUM_WORKERS):
-            det = detect(predict_fn, image, cfg)
-            for r in evaluation.detections_to_coco(idx + 1, det["boxes"], det["scores"], det["labels"], det["masks"],
-                                                   category_ids):
+        per_image = {}
+        images = iterate_test_images(paths, num_workers=cfg.DATA.NUM_WORKERS)
+        for idx, image, det in detect_all(predict_fn, images, cfg):
+            per_image[idx] = evaluation.detections_to_coco(idx + 1, det["boxes"], det["scores"], det["labels"],
+                                                           det["masks"], category_ids)
+            for r in per_image[idx]:
                 r["file_name"] = paths[idx].name
-                results.append(r)
+            if drawer:
+                drawer(paths[idx], image, det)
+        results = [r for idx in sorted(per_image) for r in per_image[idx]]
     else:
-        results = predict_split(predict_fn, split, cfg)
-    out = Path(args.output)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(out.suffix + ".tmp")
-    tmp.write_text(json.dumps(results))
-    os.replace(tmp, out)
-    print(f"wrote {len(results)} detections to {out}")
+        on_image = (lambda record, image, det: drawer(record["file_name"], image, det)) if drawer else None
+        results = predict_split(predict_fn, split, cfg, on_image=on_image)
+    if args.output:
+        out = Path(args.output)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_suffix(out.suffix + ".tmp")
+        tmp.write_text(json.dumps(results))
+        os.replace(tmp, out)
+        print(f"wrote {len(results)} detections to {out}")
+    if drawer:
+        print(f"drew the detections scoring {args.score_threshold:g} or more on {drawer.count} images in {drawer.folder}")
     if args.evaluate:
         evaluate_split(split, results, cfg)
     return 0

@@ -149,3 +149,70 @@ def test_gather_across_two_horovod_processes(tmp_path):
                 {"image_id": 10, "rank": 1}, {"image_id": 11, "rank": 1}, {"image_id": 12, "rank": 1}]
     assert results[0] == [expected, expected, expected]
     assert results[1] == [[], expected, []]
+
+
+# ------------------------------------------------------------------------------- AP per class
+def _rect_mask(x, y, w, h, size=(120, 160)):
+    mask = np.zeros(size, np.uint8)
+    mask[y:y + h, x:x + w] = 1
+    return mask
+
+
+def _rle(mask):
+    from pycocotools import mask as mask_utils
+    rle = mask_utils.encode(np.asfortranarray(mask))
+    return {"size": [int(v) for v in rle["size"]], "counts": rle["counts"].decode("ascii")}
+
+
+def _hand_built_ground_truth():
+    """Two 120x160 images; rectangles of four classes: "cat" twice, "dog" and "fox" once, "owl" never."""
+    from pycocotools.coco import COCO
+    objects = [(1, 1, (10, 10, 40, 40)), (2, 1, (5, 5, 50, 20)), (1, 2, (60, 40, 50, 50)), (2, 3, (90, 60, 30, 30))]
+    gt = COCO()
+    gt.dataset = {
+        "images": [{"id": i, "width": 160, "height": 120, "file_name": f"{i}.png"} for i in (1, 2)],
+        "categories": [{"id": c, "name": n} for c, n in ((1, "cat"), (2, "dog"), (3, "fox"), (4, "owl"))],
+        "annotations": [{"id": n + 1, "image_id": img, "category_id": cat, "bbox": list(box), "area": box[2] * box[3],
+                         "iscrowd": 0, "segmentation": _rle(_rect_mask(*box))}
+                        for n, (img, cat, box) in enumerate(objects)]}
+    gt.createIndex()
+    return gt
+
+
+def _detection(image_id, category_id, box):
+    return {"image_id": image_id, "category_id": category_id, "bbox": list(box), "score": 0.9,
+            "segmentation": _rle(_rect_mask(*box))}
+
+
+def test_ap_per_class_known_by_hand():
+    """cat: both found exactly -> 1.0. dog: found with IoU 50*36 / 50*50 = 0.72, a match at the
+    thresholds 0.50..0.70 (5 of the 10), a miss at 0.75..0.95 -> 0.5. fox: missed -> 0.0.
+    owl: no ground truth -> -1 ("-" in the table). The overall AP is pycocotools' own stats[0]."""
+    from pycocotools.cocoeval import COCOeval
+    gt = _hand_built_ground_truth()
+    detections = [_detection(1, 1, (10, 10, 40, 40)), _detection(2, 1, (5, 5, 50, 20)),
+                  _detection(1, 2, (60, 40, 50, 36))]
+    results, per_class = evaluation.evaluate_with_classes(gt, detections)
+    expected = {"cat": 1.0, "dog": 0.5, "fox": 0.0, "owl": -1.0}
+    for iou_type in ("bbox", "segm"):
+        assert per_class[iou_type] == pytest.approx(expected), iou_type
+        reference = COCOeval(gt, gt.loadRes([dict(d) for d in detections]), iou_type)
+        reference.evaluate()
+        reference.accumulate()
+        reference.summarize()
+        assert results[f"mAP({iou_type})/IoU=0.5:0.95"] == pytest.approx(reference.stats[0]) == pytest.approx(0.5)
+    table = evaluation.format_table(results, per_class).splitlines()
+    assert table[5].split() == ["AP", "per", "class", "(IoU=0.5:0.95)", "bbox", "segm"]
+    assert [row.split() for row in table[7:]] == [["cat", "1.0000", "1.0000"], ["dog", "0.5000", "0.5000"],
+                                                  ["fox", "0.0000", "0.0000"], ["owl", "-", "-"]]
+    assert evaluation.evaluate(gt, detections) == results
+
+
+def test_ap_per_class_of_an_image_subset_and_of_no_detections():
+    gt = _hand_built_ground_truth()
+    # image 1 alone holds no fox: its AP is undefined there, not 0
+    _, per_class = evaluation.evaluate_with_classes(gt, [_detection(1, 1, (10, 10, 40, 40))], ("bbox",), image_ids=[1])
+    assert per_class["bbox"] == pytest.approx({"cat": 1.0, "dog": 0.0, "fox": -1.0, "owl": -1.0})
+    results, per_class = evaluation.evaluate_with_classes(gt, [], ("bbox",))
+    assert per_class == {"bbox": {"cat": 0.0, "dog": 0.0, "fox": 0.0, "owl": 0.0}}
+    assert set(results.values()) == {0.0}

@@ -48,7 +48,9 @@ def test_variant_trains_and_predicts(tf_session, tiny_split, mode):
     from training.data.pipeline import read_image
     image = read_image(tiny_split.roidb[0]["file_name"])
     batch, hw, _ = prepare_test_image(image, cfg)
-    boxes, scores, labels, masks = sess.run(towers.pred_outputs, dict(zip(towers.pred_inputs, (batch, hw))))
+    boxes, scores, labels, masks, counts = sess.run(towers.pred_outputs,
+                                                    dict(zip(towers.pred_inputs, (batch, hw))))
+    assert counts.tolist() == [len(boxes)]   # a batch of one image: every detection is its
     assert boxes.shape[1:] == (4,) and len(boxes) == len(scores) == len(labels) == len(masks)
     assert np.all((labels >= 1) & (labels <= cfg.DATA.NUM_CATEGORY))
     if cfg.MODE_MASK and len(masks):

@@ -25,7 +25,11 @@ from training.model.rpn import generate_proposals, multilevel_rpn
 INPUT_NAMES_TRAIN = ("images", "image_hw", "gt_boxes", "gt_labels", "num_gt", "gt_masks",
                      "num_anchors", "anchor_index", "anchor_labels", "anchor_targets")
 INPUT_NAMES_PREDICT = ("images", "image_hw")
-OUTPUT_NAMES = ("output/boxes", "output/scores", "output/labels", "output/masks")
+# The predict graph takes a batch of images (zero-padded to one size, each with its real size in
+# image_hw) and returns the detections of all of them, image after image: boxes, scores, labels and
+# masks have one row per detection, and output/detections_per_image [B] says how many rows are
+# each image's.
+OUTPUT_NAMES = ("output/boxes", "output/scores", "output/labels", "output/masks", "output/detections_per_image")
 FPN_ROI_STRIDES = (4, 8, 16, 32)
 
 
@@ -149,11 +153,11 @@ class MaskRCNN(ModelDesc):
         training = get_current_tower_context().is_training
         rpn_feats, pool = self._features(images, image_hw)
         logits_l, deltas_l, anchors_l = multilevel_rpn(rpn_feats, cfg=cfg, data_format=cfg.BACKBONE.DATA_FORMAT)
-        batch = cfg.TRAIN.BATCH_SIZE_PER_GPU if training else 1
+        if not training:
+            return self._inference(pool, logits_l, deltas_l, anchors_l, image_hw)
+        batch = cfg.TRAIN.BATCH_SIZE_PER_GPU
         proposals = [generate_proposals([lg[i] for lg in logits_l], [dl[i] for dl in deltas_l], anchors_l,
                                         image_hw[i], cfg=cfg, training=training)[0] for i in range(batch)]
-        if not training:
-            return self._inference(pool, proposals[0], image_hw[0])
 
         # ---- RPN losses over all images and levels, once the labels are checked to line up
         specs = level_anchor_specs(cfg)
@@ -220,19 +224,39 @@ class MaskRCNN(ModelDesc):
         self.stats = named
         return total
 
-    def _inference(self, pool, proposals, image_hw):
+    def _inference(self, pool, logits_l, deltas_l, anchors_l, image_hw):
+        """Detections of a batch of any size: proposals and final boxes per image (each clipped to
+        and suppressed within its own image), the box and mask heads once on every image's ROIs."""
         cfg = self.cfg
-        zeros = tf.zeros([tf.shape(proposals)[0]], tf.int32)
-        logits, deltas, _ = self._box_head(pool, proposals, zeros)
-        boxes, scores, labels = frcnn_head.detections(
-            proposals, logits, deltas, image_hw, weights=cfg.FRCNN.BBOX_REG_WEIGHTS,
-            score_thresh=cfg.TEST.RESULT_SCORE_THRESH, nms_thresh=cfg.TEST.FRCNN_NMS_THRESH,
-            max_dets=cfg.TEST.RESULTS_PER_IM)
+        num_images = tf.shape(image_hw)[0]
+
+        def proposals_of(i):
+            return generate_proposals([lg[i] for lg in logits_l], [dl[i] for dl in deltas_l], anchors_l,
+                                      image_hw[i], cfg=cfg, training=False)[:1]
+
+        (proposals,), proposal_counts = _per_image(num_images, proposals_of, [tf.float32])
+        proposals.set_shape([None, 4])
+        proposal_image = tf.repeat(tf.range(num_images), proposal_counts)
+        logits, deltas, _ = self._box_head(pool, proposals, proposal_image)
+        starts = tf.cumsum(proposal_counts, exclusive=True)
+
+        def detections_of(i):
+            rows = tf.range(starts[i], starts[i] + proposal_counts[i])
+            return frcnn_head.detections(
+                tf.gather(proposals, rows), tf.gather(logits, rows), tf.gather(deltas, rows), image_hw[i],
+                weights=cfg.FRCNN.BBOX_REG_WEIGHTS, score_thresh=cfg.TEST.RESULT_SCORE_THRESH,
+                nms_thresh=cfg.TEST.FRCNN_NMS_THRESH, max_dets=cfg.TEST.RESULTS_PER_IM)
+
+        (boxes, scores, labels), counts = _per_image(num_images, detections_of, [tf.float32, tf.float32, tf.int32])
+        boxes.set_shape([None, 4])
+        scores.set_shape([None])
+        labels.set_shape([None])
         tf.identity(boxes, name="output/boxes")
         tf.identity(scores, name="output/scores")
         tf.identity(labels, name="output/labels")
+        tf.identity(counts, name="output/detections_per_image")
         if cfg.MODE_MASK:
-            mask_logits = self._mask_logits(pool, boxes, tf.zeros([tf.shape(boxes)[0]], tf.int32))
+            mask_logits = self._mask_logits(pool, boxes, tf.repeat(tf.range(num_images), counts))
             idx = tf.stack([tf.range(tf.shape(labels)[0]), labels - 1], axis=1)
             tf.sigmoid(tf.gather_nd(mask_logits, idx), name="output/masks")
         else:
@@ -247,6 +271,22 @@ class MaskRCNN(ModelDesc):
         tf1.summary.scalar("learning_rate", lr)
         return build_optimizer(tf1.train.MomentumOptimizer(lr, cfg.TRAIN.MOMENTUM), clip=cfg.TRAIN.GRADIENT_CLIP,
                                allreduce=self.allreduce, mixed_precision=cfg.TRAIN.MIXED_PRECISION and _has_gpu())
+
+
+def _per_image(num_images, fn, dtypes):
+    """``fn(i)`` for every image ``i`` of the batch (a tensor count): each returns tensors whose first
+    axes have one length K_i. Returns their concatenations over the images, in image order, and K [B].
+    A graph loop, so one graph serves every batch size."""
+    arrays = [tf.TensorArray(d, size=num_images, infer_shape=False) for d in dtypes]
+    counts = tf.TensorArray(tf.int32, size=num_images)
+
+    def body(i, counts, *arrays):
+        outputs = fn(i)
+        arrays = [a.write(i, o) for a, o in zip(arrays, outputs)]
+        return (i + 1, counts.write(i, tf.shape(outputs[0])[0]), *arrays)
+
+    _, counts, *arrays = tf.while_loop(lambda i, *_: i < num_images, body, [tf.constant(0), counts, *arrays])
+    return [a.concat() for a in arrays], counts.stack()
 
 
 def _has_gpu() -> bool:
