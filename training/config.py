@@ -11,6 +11,8 @@ import ast
 import copy
 from typing import Any, Iterable
 
+from training.data import splits as split_entries
+
 
 class ConfigError(ValueError):
     """A configuration value or key is wrong; the message names it and what is allowed."""
@@ -150,8 +152,9 @@ _C.MODE_MASK = True           # False: Faster R-CNN (no mask head)
 _C.MODE_FPN = True            # False: C4 head on res4 features
 
 # ---------------------------------------------------------------------------------------------
-# Dataset: COCO-format. DATA.BASEDIR holds annotations/instances_<split>.json and <split>/ images;
-# a split named coco_train2017 resolves to train2017 (see training/data/coco.py).
+# Dataset: COCO-format. A split entry is a name (DATA.BASEDIR holds annotations/instances_<split>.json
+# and <split>/ images; coco_train2017 resolves to train2017) or '<annotation file>:<image folder>',
+# paths relative to DATA.BASEDIR or absolute, e.g. 'labels/train.json:photos/train' (training/data/splits.py).
 _C.DATA.BASEDIR = "data/synthetic"
 _C.DATA.TRAIN = ("coco_train2017",)
 _C.DATA.VAL = ("coco_val2017",)    # evaluated during training (first split); () = train without evaluating
@@ -335,12 +338,17 @@ def _finalize(cfg: AttrDict, *, num_ranks: int, class_names, has_gpu) -> None:
     # -- data
     names = cfg.DATA.TRAIN
     _require(isinstance(names, (list, tuple)) and len(names) > 0 and all(isinstance(n, str) and n for n in names),
-             f"DATA.TRAIN must name at least one split (e.g. 'coco_train2017'), got {names!r}")
+             f"DATA.TRAIN must name at least one split (e.g. 'coco_train2017' or "
+             f"'{split_entries.EXAMPLE}'), got {names!r}")
     names = cfg.DATA.VAL
     _require(isinstance(names, (list, tuple)) and all(isinstance(n, str) and n for n in names),
              f"DATA.VAL must be a list of split names (e.g. ('coco_val2017',)), or () to train without "
              f"evaluating, got {names!r}")
     cfg.DATA.TRAIN, cfg.DATA.VAL = tuple(cfg.DATA.TRAIN), tuple(cfg.DATA.VAL)
+    for key in ("DATA.TRAIN", "DATA.VAL"):
+        for entry in cfg.get(key):
+            problem = split_entries.problem(entry)
+            _require(problem is None, f"{key}: {problem}")
     _require(_is_int(cfg.DATA.NUM_WORKERS) and cfg.DATA.NUM_WORKERS >= 0,
              f"DATA.NUM_WORKERS must be >= 0 (0: prepare images in the training process), got {cfg.DATA.NUM_WORKERS!r}")
     _require(_is_int(cfg.DATA.QUEUE_BATCHES) and cfg.DATA.QUEUE_BATCHES >= 1,

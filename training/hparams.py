@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from training.config import NORM_CHOICES, ConfigError, new_config
+from training.data import splits as split_entries
 
 CONFIG_PREFIX = "config:"
 SAGEMAKER_PREFIX = "sagemaker_"
@@ -133,16 +134,24 @@ def _resnet_arch(name: str, raw: Any) -> list[int]:
 
 
 def _splits(*, allow_none: bool) -> Callable[[str, Any], tuple[str, ...]]:
-    """One split name or a list of them; with ``allow_none`` also ``[]`` (no split)."""
+    """One split entry or a list of them; with ``allow_none`` also ``[]`` (no split). An entry is a
+    split name or ``<annotation file>:<image folder>`` (training/data/splits.py); relative paths are
+    under the data directory, which on SageMaker is the train channel."""
     def parse(name: str, raw: Any) -> tuple[str, ...]:
         value = literal(raw)
         if isinstance(value, str):
             value = (value,)
         if (not isinstance(value, (list, tuple)) or not (value or allow_none)
                 or not all(isinstance(v, str) and v.strip() for v in value)):
-            raise ConfigError(f"hyperparameter {name}={raw!r}: expected a split name such as 'coco_train2017' "
-                              f"or a list of names" + (" ([] for none)" if allow_none else ""))
-        return tuple(v.strip() for v in value)
+            raise ConfigError(f"hyperparameter {name}={raw!r}: expected a split name such as 'coco_train2017', "
+                              f"an entry '<annotation file>:<image folder>' such as "
+                              f"'{split_entries.EXAMPLE}', or a list of them" + (" ([] for none)" if allow_none else ""))
+        value = tuple(v.strip() for v in value)
+        for entry in value:
+            problem = split_entries.problem(entry)
+            if problem:
+                raise ConfigError(f"hyperparameter {name}={raw!r}: {problem}")
+        return value
     return parse
 
 
@@ -181,10 +190,11 @@ HYPERPARAMETERS = {h.name: h for h in (
     Hyperparameter("images_per_epoch", "TRAIN.IMAGES_PER_EPOCH", _int(1),
                    "images per epoch"),
     Hyperparameter("data_train", "DATA.TRAIN", _splits(allow_none=False),
-                   "training split(s) under the data directory, e.g. coco_train2017"),
+                   "training split(s) under the data directory, e.g. coco_train2017, or "
+                   "<annotation file>:<image folder> relative to it, e.g. labels/train.json:photos/train"),
     Hyperparameter("data_val", "DATA.VAL", _splits(allow_none=True),
-                   "validation split(s) under the data directory, e.g. coco_val2017; [] trains without "
-                   "evaluating"),
+                   "validation split(s) under the data directory, e.g. coco_val2017 or "
+                   "labels/val.json:photos/val; [] trains without evaluating"),
     Hyperparameter("resnet_arch", "BACKBONE.RESNET_NUM_BLOCKS", _resnet_arch,
                    "resnet50 or resnet101"),
     Hyperparameter("backbone_weights", "BACKBONE.WEIGHTS", _path,

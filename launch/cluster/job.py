@@ -45,7 +45,7 @@ from pathlib import Path
 from launch.cluster.all_reduce import BUSBW_FLOORS, all_reduce_argv, judge_all_reduce
 from launch.cluster.launch_command import format_command, mpirun_in_allocation, train_command
 from launch.cluster.slurm import KILL_WAIT_S
-from launch.cluster.stage import DataPlan, stage_argv
+from launch.cluster.stage import DataPlan, stage_argv, staged_overrides
 from training.run_status import read_heartbeat, read_stop_record
 from training.stopping import STOPPED_EXIT_STATUS
 
@@ -300,6 +300,7 @@ def main(argv: list[str] | None = None) -> int:
     attempt = attempt_number()
     print(f"attempt {attempt} of job {os.environ.get('SLURM_JOB_ID', '?')} on {nodes} node(s) "
           f"({os.environ.get('SLURM_JOB_NODELIST', '?')}), {nodes * a.ranks_per_node} rank(s)", flush=True)
+    overrides = a.overrides
     if a.stage_from:
         plan = DataPlan(train_dir=a.data_dir, stage_from=a.stage_from)
         print(f"copying {a.stage_from} to {a.data_dir} on every node (skipped where complete)", flush=True)
@@ -307,11 +308,16 @@ def main(argv: list[str] | None = None) -> int:
         if rc != 0:
             print(f"copying the dataset to local NVMe failed (exit {rc}); see the lines above", flush=True)
             return _fail_or_requeue(rc, attempt, a.max_attempts)
+        # splits named by absolute paths inside the copied directory: read from the node's copy too
+        overrides = staged_overrides(a.overrides, plan)
+        for added in overrides[len(a.overrides):]:
+            print(f"splits given by absolute paths in {a.stage_from} are read from the node's copy: {added}",
+                  flush=True)
     if not check_fabric(nodes=nodes, gpus_per_node=a.ranks_per_node, instance_type=a.instance_type, efa=a.efa):
         return _fail_or_requeue(FABRIC_STATUS, attempt, a.max_attempts)
     cmd = mpirun_in_allocation(ranks=nodes * a.ranks_per_node, efa=a.efa,
                                instance_types=[a.instance_type] if a.instance_type else [],
-                               train=train_command(logdir=a.logdir, data_dir=a.data_dir, overrides=a.overrides))
+                               train=train_command(logdir=a.logdir, data_dir=a.data_dir, overrides=overrides))
     print(format_command(cmd), flush=True)
     Path(a.logdir).mkdir(parents=True, exist_ok=True)
     started = time.time()

@@ -34,7 +34,7 @@ from launch import cost
 from launch.aws import LaunchError
 from launch.cluster import capacity, idle, slurm
 from launch.cluster.node_env import CLUSTER_ENV, read_cluster_env
-from launch.cluster.stage import choose_data
+from launch.cluster.stage import LUSTRE_COCO_DIR, choose_data, dataset_problem
 from launch.run_names import check_run_name, new_run_name
 
 ACTIVE_STATES = ("PENDING", "RUNNING", "REQUEUED", "CONFIGURING", "COMPLETING", "RESIZING", "SUSPENDED")
@@ -65,7 +65,7 @@ def ranks_per_node(env: dict[str, str]) -> int:
 
 def submit(env: dict[str, str], *, run_name: str | None, resume: bool, overrides: list[str],
            nodes: int | None, data_dir: str | None, stage_to_nvme: bool, max_attempts: int,
-           stall_minutes: float) -> tuple[str, str]:
+           stall_minutes: float, dataset: str = LUSTRE_COCO_DIR) -> tuple[str, str]:
     """Queues the run's job; returns (run name, job id)."""
     name = run_name or new_run_name()
     check_run_name(name)
@@ -80,12 +80,11 @@ def submit(env: dict[str, str], *, run_name: str | None, resume: bool, overrides
     if active:
         raise LaunchError(f"run {name} is already queued or running as job {active[0]['job_id']} "
                           f"({active[0]['state']}): `maskrcnn-job stop {name}` first")
-    plan = choose_data(env, data_dir=data_dir, stage_to_nvme=stage_to_nvme)
+    plan = choose_data(env, data_dir=data_dir, stage_to_nvme=stage_to_nvme, dataset=dataset)
     if any(o.startswith("DATA.BASEDIR=") for o in overrides):
         plan = type(plan)(train_dir=plan.train_dir)
-    elif not Path(plan.stage_from or plan.train_dir, "annotations").is_dir():
-        raise LaunchError(f"no COCO dataset at {plan.stage_from or plan.train_dir} (no annotations/ folder): "
-                          f"stage it first (python -m launch.staging to-efs), or pass --data-dir")
+    elif problem := dataset_problem(plan.stage_from or plan.train_dir, overrides):
+        raise LaunchError(problem)
     count = nodes or 1 + int(env.get("WORKER_COUNT", "0"))
     per_node = ranks_per_node(env)
     logdir.mkdir(parents=True, exist_ok=True)
@@ -215,7 +214,11 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--run-name", help="default: maskrcnn-<UTC time>, a new run")
     s.add_argument("--resume", action="store_true", help="continue the named run from its latest checkpoint")
     s.add_argument("--nodes", type=int, help="default: every node of the cluster (master and workers)")
-    s.add_argument("--data-dir", help="COCO directory (default: FSx for Lustre's copy when there, else EFS's)")
+    data = s.add_mutually_exclusive_group()
+    data.add_argument("--dataset", default=LUSTRE_COCO_DIR,
+                      help="a dataset staged under its name (maskrcnn data upload --name): /fsx/NAME when "
+                           "FSx for Lustre has it, else /efs/data/NAME (default: %(default)s)")
+    data.add_argument("--data-dir", help="the dataset's directory, instead of --dataset")
     s.add_argument("--no-stage-to-nvme", dest="stage_to_nvme", action="store_false",
                    help="read the dataset from EFS even on nodes with local NVMe")
     s.add_argument("--max-attempts", type=int, default=4, help="attempts before the run fails for good")
@@ -242,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise LaunchError(f"overrides must be KEY=VALUE, got {bad}")
             name, job_id = submit(env, run_name=a.run_name, resume=a.resume, overrides=a.overrides,
                                   nodes=a.nodes, data_dir=a.data_dir, stage_to_nvme=a.stage_to_nvme,
-                                  max_attempts=a.max_attempts, stall_minutes=a.stall_minutes)
+                                  max_attempts=a.max_attempts, stall_minutes=a.stall_minutes, dataset=a.dataset)
             print(f"submitted run {name} as job {job_id}; follow it with: maskrcnn-job logs {name} -f")
             if a.wait:
                 state = wait_for(env, job_id)

@@ -1,7 +1,12 @@
 """Where a cluster run reads its dataset, and the copy of the dataset to a node's local NVMe.
 
-``choose_data`` picks the directory: --data-dir, else FSx for Lustre's copy, else EFS's, copied to
-the node's instance-store NVMe when it has one. ``STAGE_SCRIPT`` is the copy, run once per node.
+``choose_data`` picks the directory: --data-dir, else FSx for Lustre's copy of the named dataset
+(``/fsx/<name>``), else EFS's (``/efs/data/<name>``), copied to the node's instance-store NVMe when it
+has one; the name is ``coco`` unless the run names its own dataset (``launch.staging upload
+--dataset-dir DIR --name NAME`` put it there). ``STAGE_SCRIPT`` is the copy, run once per node.
+``dataset_problem`` checks, before a job is queued, that every split the run trains and evaluates
+on is there; ``staged_overrides`` points splits given by absolute paths inside the staged
+directory at the node's copy.
 """
 from __future__ import annotations
 
@@ -71,15 +76,17 @@ class DataPlan:
     stage_from: str | None = None
 
 
-def choose_data(env: dict[str, str], *, data_dir: str | None, stage_to_nvme: bool) -> DataPlan:
-    """The data directory: --data-dir, else /fsx's copy when present, else EFS's, copied to the
-    node's NVMe when it has one (LOCAL_NVME) and ``stage_to_nvme``."""
+def choose_data(env: dict[str, str], *, data_dir: str | None, stage_to_nvme: bool,
+                dataset: str = LUSTRE_COCO_DIR) -> DataPlan:
+    """The data directory: --data-dir, else /fsx/<dataset> when it holds anything (FSx imports
+    s3://<bucket>/data/<dataset>/), else EFS's /efs/data/<dataset>, copied to the node's NVMe when it
+    has one (LOCAL_NVME) and ``stage_to_nvme``."""
     efs = env.get("EFS_MOUNT", "/efs")
     fsx = env.get("FSX_MOUNT")
     source = data_dir
-    if source is None and fsx and Path(fsx, LUSTRE_COCO_DIR, "annotations").is_dir():
-        source = str(Path(fsx, LUSTRE_COCO_DIR))
-    source = source or f"{efs}/data/coco"
+    if source is None and fsx and Path(fsx, dataset).is_dir() and any(Path(fsx, dataset).iterdir()):
+        source = str(Path(fsx, dataset))
+    source = source or f"{efs}/data/{dataset}"
     on_lustre = bool(fsx) and Path(source).is_relative_to(fsx)
     nvme = env.get("LOCAL_NVME")
     if on_lustre or not nvme or not stage_to_nvme or Path(source).is_relative_to(nvme):
@@ -91,3 +98,56 @@ def choose_data(env: dict[str, str], *, data_dir: str | None, stage_to_nvme: boo
 def stage_argv(plan: DataPlan, *, jobs: int = STAGE_JOBS) -> list[str]:
     """The command that copies ``plan.stage_from`` to ``plan.train_dir`` on one node."""
     return ["bash", "-c", STAGE_SCRIPT, "stage", plan.stage_from, plan.train_dir, str(jobs)]
+
+
+SPLIT_KEYS = ("DATA.TRAIN", "DATA.VAL")
+
+
+def _config(data_dir: str, overrides: list[str]):
+    from training.config import new_config   # no TensorFlow: the config tree and its parsing only
+    cfg = new_config()
+    cfg.update_args([f"DATA.BASEDIR={data_dir!r}", *overrides])   # the user's DATA.BASEDIR wins, as in training
+    return cfg
+
+
+def dataset_problem(data_dir: str, overrides: list[str]) -> str | None:
+    """Why the run's splits (DATA.TRAIN and DATA.VAL, after ``overrides``) cannot be read under
+    ``data_dir`` (where the nodes read, or the directory they copy it from), or None: the check
+    before a job is queued, one line naming the missing file and the fix."""
+    from training.config import ConfigError
+    from training.data import splits
+    try:
+        cfg = _config(data_dir, overrides)
+        for key in SPLIT_KEYS:
+            for entry in cfg.get(key):
+                splits.resolve(cfg.DATA.BASEDIR, entry)
+    except (ConfigError, splits.DatasetError) as err:
+        return (f"{err} (stage the dataset first: python -m launch.staging upload/to-efs; or pass --data-dir, "
+                f"or DATA.TRAIN / DATA.VAL naming what is there)")
+    return None
+
+
+def staged_overrides(overrides: list[str], plan: DataPlan) -> list[str]:
+    """``overrides`` plus, where a split entry has absolute paths in ``plan.stage_from``, the entries
+    pointing at the same files in the node's copy (``plan.train_dir``); relative paths move with
+    DATA.BASEDIR by themselves."""
+    if not plan.stage_from:
+        return list(overrides)
+    from training.data import splits
+    cfg = _config(plan.train_dir, overrides)
+    source, copy = Path(plan.stage_from), Path(plan.train_dir)
+
+    def local(path: str) -> str:
+        p = Path(path)
+        return str(copy / p.relative_to(source)) if p.is_absolute() and p.is_relative_to(source) else path
+
+    out = list(overrides)
+    for key in SPLIT_KEYS:
+        entries = []
+        for entry in cfg.get(key):
+            files = splits.parse(entry)
+            entries.append(entry if files is None else
+                           f"{local(files.annotations)}{splits.SEPARATOR}{local(files.images)}")
+        if tuple(entries) != tuple(cfg.get(key)):
+            out.append(f"{key}={tuple(entries)!r}")   # after the user's: the last override of a key wins
+    return out

@@ -126,6 +126,7 @@ def plan(env) -> Job:
         overrides = [f"DATA.BASEDIR={train_dir!r}", *to_overrides(hps)]
     except ConfigError as err:
         raise JobError(f"bad hyperparameters: {err}") from None
+    check_split_files(overrides)
 
     run_name = os.environ.get(RUN_NAME_ENV) or os.environ.get("TRAINING_JOB_NAME") or "maskrcnn"
     if "log" in channels:
@@ -139,6 +140,25 @@ def plan(env) -> Job:
     return Job(train_dir=train_dir, logdir=logdir, model_dir=env.model_dir, overrides=overrides,
                hosts=list(env.hosts), current_host=env.current_host, processes_per_host=processes,
                network_interface=env.network_interface_name, instance_type=env.current_instance_type)
+
+
+def check_split_files(overrides: list[str]) -> None:
+    """Splits given as '<annotation file>:<image folder>' (relative to the train channel) must name
+    an existing file and folder: said now, in the job's failure reason, not after the ranks start.
+    Split names are left to the trainer, which lists every path it tried."""
+    from training.config import new_config
+    from training.data import splits
+
+    cfg = new_config()
+    cfg.update_args(overrides)
+    for key in ("DATA.TRAIN", "DATA.VAL"):
+        for entry in cfg.get(key):
+            if splits.parse(entry) is None:
+                continue
+            try:
+                splits.resolve(cfg.DATA.BASEDIR, entry)
+            except splits.DatasetError as err:
+                raise JobError(f"bad data ({key}): {err}") from None
 
 
 def train_args(job: Job) -> list[str]:

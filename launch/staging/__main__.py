@@ -4,12 +4,19 @@
     python -m launch.staging upload   --stage-dir /data/stage          # -> s3://<stack bucket>/data/coco/
     python -m launch.staging to-efs   --efs-dir /efs/data/coco         # s3://<stack bucket>/data/coco/ -> EFS
 
+Your own dataset, a folder of any layout, under a name of its own (never COCO's ``coco``)::
+
+    python -m launch.staging upload --dataset-dir ./mine --name mine   # -> s3://<stack bucket>/data/mine/
+    python -m launch.staging to-efs --name mine                        # -> /efs/data/mine
+
+FSx for Lustre, where the stacks have it, shows ``s3://<bucket>/data/<name>/`` as ``/fsx/<name>``.
 ``upload`` and ``to-efs`` read the bucket from the stack's BucketName output (``--stack``), or take
 ``--bucket``. Each command can be rerun: finished work is skipped.
 """
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 
@@ -19,8 +26,46 @@ from launch.staging import download as dl
 from launch.staging import s3sync
 from launch.staging.diskspace import human
 
-DEFAULT_PREFIX = "data/coco"
+# s3://<bucket>/data/<name>/: the prefix FSx for Lustre imports, so a dataset is /fsx/<name> there
+DATA_PREFIX = outputs.LUSTRE_IMPORT_PREFIX
+COCO_NAME = outputs.LUSTRE_COCO_DIR          # COCO 2017 as `download` stages it
+DEFAULT_PREFIX = f"{DATA_PREFIX}/{COCO_NAME}"
+EFS_DATA_DIR = "/efs/data"                   # the cluster nodes' EFS data folder; <name> below it
 DEFAULT_STACK = getattr(outputs, "NETWORK_STORAGE_STACK", outputs.SAGEMAKER_STACK)
+NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+
+
+def dataset_prefix(name: str) -> str:
+    """The S3 prefix of the dataset ``name``; a clear error for a name that is no single folder name."""
+    if not NAME_PATTERN.fullmatch(name or ""):
+        raise LaunchError(f"dataset name {name!r}: use letters, digits, '.', '_' and '-' (at most 100, "
+                          f"starting with a letter or digit), e.g. --name my-parts")
+    return f"{DATA_PREFIX}/{name}"
+
+
+def _prefix(args, default_name: str) -> str:
+    if args.prefix and args.name:
+        raise LaunchError(f"--prefix {args.prefix!r} and --name {args.name!r}: give one (--name N is "
+                          f"--prefix {DATA_PREFIX}/N)")
+    return args.prefix or dataset_prefix(args.name or default_name)
+
+
+def upload_source(args) -> tuple[Path, str]:
+    """(local folder, S3 prefix) of an upload: COCO as `download` staged it, or a dataset folder."""
+    if args.stage_dir is not None:
+        return args.stage_dir / COCO_NAME, _prefix(args, COCO_NAME)
+    folder = args.dataset_dir
+    if not folder.is_dir():
+        raise LaunchError(f"--dataset-dir {folder} is not a folder: give the folder that holds your annotation "
+                          f"file(s) and images")
+    name = args.name or (None if args.prefix else folder.resolve().name)
+    if name == COCO_NAME:
+        raise LaunchError(f"the name {COCO_NAME!r} is COCO 2017's (`upload --stage-dir`): give your dataset its "
+                          f"own, e.g. --name my-parts")
+    if next(folder.rglob("*.json"), None) is None:
+        raise LaunchError(f"{folder} holds no .json annotation file: is it the dataset's folder? "
+                          f"(check it first: python -m training.data.check --annotations F --images D)")
+    return folder, _prefix(argparse.Namespace(prefix=args.prefix, name=name), COCO_NAME)
 
 
 def _pairs(values: list[str], flag: str) -> dict[str, str]:
@@ -51,18 +96,25 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--allow-unpinned", action="store_true",
                    help="accept artifacts without a pinned checksum and record their sha256")
 
-    for name, text in (("upload", "upload <stage-dir>/coco to s3://BUCKET/PREFIX (parallel, resumable)"),
-                       ("to-efs", "copy s3://BUCKET/PREFIX to an EFS directory (parallel, resumable)")):
+    for name, text in (("upload", f"upload <stage-dir>/{COCO_NAME}, or a dataset folder, to "
+                                  f"s3://BUCKET/{DATA_PREFIX}/<name> (parallel, resumable)"),
+                       ("to-efs", f"copy s3://BUCKET/{DATA_PREFIX}/<name> to an EFS directory (parallel, resumable)")):
         s = sub.add_parser(name, help=text)
         s.add_argument("--bucket", help="bucket name (default: the stack's BucketName output)")
         s.add_argument("--stack", default=DEFAULT_STACK, help=f"stack to read the bucket from (default {DEFAULT_STACK})")
-        s.add_argument("--prefix", default=DEFAULT_PREFIX)
+        s.add_argument("--name", help=f"the dataset's name: s3://BUCKET/{DATA_PREFIX}/<name>, {EFS_DATA_DIR}/<name> "
+                                      f"(default: {COCO_NAME} for --stage-dir and to-efs, the folder's name for "
+                                      f"--dataset-dir)")
+        s.add_argument("--prefix", help=f"the S3 prefix itself, instead of --name (default {DEFAULT_PREFIX})")
         s.add_argument("--region")
         s.add_argument("--concurrency", type=int, default=s3sync.default_concurrency())
         if name == "upload":
-            s.add_argument("--stage-dir", required=True, type=Path)
+            source = s.add_mutually_exclusive_group(required=True)
+            source.add_argument("--stage-dir", type=Path, help=f"COCO as `download` staged it (<stage-dir>/{COCO_NAME})")
+            source.add_argument("--dataset-dir", type=Path,
+                                help="your dataset's folder (annotation files and images, any layout), uploaded as it is")
         else:
-            s.add_argument("--efs-dir", default="/efs/data/coco", type=Path)
+            s.add_argument("--efs-dir", type=Path, help=f"where the copy goes (default {EFS_DATA_DIR}/<name>)")
 
     a = p.parse_args(argv)
     try:
@@ -72,14 +124,19 @@ def main(argv: list[str] | None = None) -> int:
             stage = dl.stage_dataset(a.stage_dir, artifacts, allow_unpinned=a.allow_unpinned)
             print(f"staged under {stage / 'coco'}; checksums in {stage / 'checksums.json'}")
             return 0
+        if a.command == "upload":
+            folder, prefix = upload_source(a)
+        else:
+            prefix = _prefix(a, COCO_NAME)
+            efs_dir = a.efs_dir or Path(EFS_DATA_DIR, prefix.rstrip("/").rsplit("/", 1)[-1])
         session = make_session(a.region)
         bucket = _bucket(a, session)
         if a.command == "upload":
-            report = s3sync.upload_tree(session, a.stage_dir / "coco", bucket, a.prefix, concurrency=a.concurrency)
-            verb, where = "uploaded", f"s3://{bucket}/{a.prefix}"
+            report = s3sync.upload_tree(session, folder, bucket, prefix, concurrency=a.concurrency)
+            verb, where = "uploaded", f"s3://{bucket}/{prefix}"
         else:
-            report = s3sync.copy_to_local(session, bucket, a.prefix, a.efs_dir, concurrency=a.concurrency)
-            verb, where = "copied", str(a.efs_dir)
+            report = s3sync.copy_to_local(session, bucket, prefix, efs_dir, concurrency=a.concurrency)
+            verb, where = "copied", str(efs_dir)
         print(f"{verb} {len(report.transferred)} file(s) ({human(report.bytes_transferred)}) to {where}; "
               f"{len(report.skipped)} already there")
         return 0

@@ -202,6 +202,9 @@ def test_the_next_job_scales_the_workers_up_while_holding_the_lock(cluster, slur
     session.client("autoscaling").update_auto_scaling_group(AutoScalingGroupName=WORKER, DesiredCapacity=0)
     efs = Path(env["EFS_MOUNT"])
     (efs / "data" / "coco" / "annotations").mkdir(parents=True)
+    for split in ("train2017", "val2017"):
+        (efs / "data" / "coco" / "annotations" / f"instances_{split}.json").write_text("{}")
+        (efs / "data" / "coco" / split).mkdir()
     log, probe = tmp_path / "sbatch.log", tmp_path / "lock-probe"
     # The stand-in sbatch records its arguments and whether the idle check could take the lock now,
     # and prints what `sbatch --parsable` prints.
@@ -225,3 +228,27 @@ def test_the_next_job_scales_the_workers_up_while_holding_the_lock(cluster, slur
     jobs.submit({**env, "EFA_INTERFACES": "4"}, run_name="r2", resume=False, overrides=[], nodes=None,
                 data_dir=None, stage_to_nvme=True, max_attempts=4, stall_minutes=30)
     assert " --efa " in log.read_text().splitlines()[-1]
+
+
+def test_a_dataset_staged_under_its_own_name_is_checked_before_it_is_queued(cluster, slurm_queue, tmp_path):
+    """`submit --dataset parts` reads /efs/data/parts (`maskrcnn data upload --name parts`, then
+    `to-efs --name parts`), with splits named by their files; a split that is not there stops the
+    submit with the file it looked for, before anything is queued."""
+    _, env, _ = cluster
+    parts = Path(env["EFS_MOUNT"]) / "data" / "parts"
+    (parts / "images" / "train").mkdir(parents=True)
+    (parts / "train.json").write_text("{}")
+    log = tmp_path / "sbatch.log"
+    (slurm_queue.parent / "bin" / "sbatch").write_text(f"#!/bin/sh\necho \"$*\" >> {log}\necho 13\n")
+    (slurm_queue.parent / "bin" / "sbatch").chmod(0o755)
+    env = {**env, "WORKER_COUNT": "0", "INSTANCE_TYPE": "c5.xlarge"}
+    overrides = ["DATA.TRAIN=('train.json:images/train',)", "DATA.VAL=('val.json:images/val',)"]
+    with pytest.raises(jobs.LaunchError, match=r"val\.json"):
+        jobs.submit(env, run_name="p1", resume=False, overrides=overrides, nodes=None, data_dir=None,
+                    stage_to_nvme=False, max_attempts=4, stall_minutes=30, dataset="parts")
+    assert not log.exists() and not (Path(env["EFS_MOUNT"]) / "logs" / "p1").exists()
+    (parts / "images" / "val").mkdir(parents=True)
+    (parts / "val.json").write_text("{}")
+    assert jobs.submit(env, run_name="p1", resume=False, overrides=overrides, nodes=None, data_dir=None,
+                       stage_to_nvme=False, max_attempts=4, stall_minutes=30, dataset="parts") == ("p1", "13")
+    assert f"--data-dir {parts} " in log.read_text()

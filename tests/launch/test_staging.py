@@ -159,6 +159,62 @@ def test_cli_reads_bucket_from_stack_outputs(aws_env, coco_site, tmp_path, capsy
     assert "stack 'NoSuchStack' does not exist" in capsys.readouterr().err
 
 
+def _own_dataset(root: Path) -> Path:
+    """A dataset outside the COCO layout, with a file at the path COCO's annotations have too."""
+    (root / "labels").mkdir(parents=True)
+    (root / "labels" / "train.json").write_text('{"images": [], "annotations": [], "categories": []}')
+    (root / "photos").mkdir()
+    (root / "photos" / "a.jpg").write_bytes(b"not COCO's picture")
+    (root / "annotations").mkdir()
+    (root / "annotations" / "instances_train2017.json").write_text('{"mine": true}')
+    return root
+
+
+def test_an_own_dataset_goes_to_its_own_prefix_and_efs_folder_beside_coco(aws_env, coco_site, tmp_path, capsys,
+                                                                          monkeypatch):
+    session = boto3.session.Session()
+    session.client("s3").create_bucket(Bucket="stack-bucket")
+    stage = tmp_path / "stage"
+    shutil.copytree(coco_site.dataset, stage / "coco")
+    assert cli.main(["upload", "--bucket", "stack-bucket", "--stage-dir", str(stage)]) == 0
+    mine = _own_dataset(tmp_path / "parts-v2")
+    assert cli.main(["upload", "--bucket", "stack-bucket", "--dataset-dir", str(mine)]) == 0   # named after it
+    assert cli.main(["upload", "--bucket", "stack-bucket", "--dataset-dir", str(mine), "--name", "parts"]) == 0
+    assert "uploaded 3 file(s)" in capsys.readouterr().out
+    keys = {o["Key"] for o in session.client("s3").list_objects_v2(Bucket="stack-bucket")["Contents"]}
+    for name in ("parts-v2", "parts"):
+        assert {k for k in keys if k.startswith(f"data/{name}/")} == {
+            f"data/{name}/labels/train.json", f"data/{name}/photos/a.jpg",
+            f"data/{name}/annotations/instances_train2017.json"}
+    # COCO's objects are untouched: the same bytes come back
+    efs = tmp_path / "efs"
+    assert cli.main(["to-efs", "--bucket", "stack-bucket", "--efs-dir", str(efs / "coco")]) == 0
+    assert _tree(efs / "coco") == _tree(coco_site.dataset)
+    monkeypatch.setattr(cli, "EFS_DATA_DIR", str(efs))   # the nodes' /efs/data, here
+    assert cli.main(["to-efs", "--bucket", "stack-bucket", "--name", "parts"]) == 0
+    assert _tree(efs / "parts") == _tree(mine)        # <EFS data folder>/<name> unless --efs-dir says otherwise
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["upload", "--dataset-dir", "{mine}", "--name", "coco"], "the name 'coco' is COCO 2017's"),
+    (["upload", "--dataset-dir", "{tmp}/coco"], "the name 'coco' is COCO 2017's"),
+    (["upload", "--dataset-dir", "{mine}", "--name", "a/b"], "dataset name 'a/b': use letters, digits"),
+    (["upload", "--dataset-dir", "{tmp}/none"], "is not a folder"),
+    (["upload", "--dataset-dir", "{tmp}/empty"], "holds no .json annotation file"),
+    (["to-efs", "--name", "x", "--prefix", "data/y"], "give one"),
+])
+def test_an_upload_that_would_mix_datasets_or_has_no_dataset_is_refused_before_any_request(
+        tmp_path, capsys, argv, message):
+    mine = _own_dataset(tmp_path / "mine")
+    shutil.copytree(mine, tmp_path / "coco")
+    (tmp_path / "empty" / "img").mkdir(parents=True)
+    argv = [a.format(mine=mine, tmp=tmp_path) for a in argv]
+    # no bucket, stack or credentials here: the refusal comes first
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.startswith("error: ") and len(err.strip().splitlines()) == 1
+
+
 # --- S3 -> EFS copy (requests per file, sha256 check), rerunning `download`, resumable downloads ---
 
 def _small_tree(root: Path, n_dirs: int, per_dir: int) -> None:

@@ -170,3 +170,23 @@ def test_json_encoded_values_are_unwrapped():
     encoded = {k: _json.dumps(v) for k, v in AWS_SAMPLES_TABLE.items()}   # '"True"', '"4"', ...
     assert _applied(encoded).to_dict() == _applied(AWS_SAMPLES_TABLE).to_dict()
     assert _applied({"mode_mask": _json.dumps(False), "eval_period": _json.dumps(2)}).TRAIN.EVAL_PERIOD == 2
+
+
+def test_data_hyperparameters_take_an_annotation_file_and_image_folder():
+    """Relative to the train channel (DATA.BASEDIR there): data_train / data_val or config:DATA.*."""
+    cfg = _applied({"data_train": "labels/train.json:photos/train", "data_val": "['labels/val.json:photos/val']"})
+    assert cfg.DATA.TRAIN == ("labels/train.json:photos/train",)
+    assert cfg.DATA.VAL == ("labels/val.json:photos/val",)
+    cfg = _applied({"config:DATA.TRAIN": "['a/one.json:img/one', 'coco_train2017']"})
+    assert cfg.DATA.TRAIN == ("a/one.json:img/one", "coco_train2017")
+
+
+@pytest.mark.parametrize("hps, message", [
+    ({"data_train": "labels/train.json"}, r"^hyperparameter data_train='labels/train\.json': split entry "
+                                          r"'labels/train\.json' names an annotation file without its image folder"),
+    ({"data_val": "labels/val.csv:photos"}, r"^hyperparameter data_val='labels/val\.csv:photos': .* is not a \.json file"),
+    ({"config:DATA.TRAIN": "[':photos']"}, r"^hyperparameter config:DATA\.TRAIN=.*needs both parts"),
+])
+def test_malformed_data_entries_name_the_hyperparameter(hps, message):
+    with pytest.raises(ConfigError, match=message):
+        hparams.to_overrides(hps)

@@ -1,15 +1,13 @@
 """The COCO-format reader: an instances JSON plus an image folder, as a list of training records.
 
-Layout under the data directory (DATA.BASEDIR)::
+A split entry (an item of DATA.TRAIN / DATA.VAL) names the files: a split name of the COCO layout
+under the data directory (DATA.BASEDIR)::
 
     BASEDIR/annotations/instances_<name>.json
     BASEDIR/<name>/<file_name>                 (file_name as listed in the JSON's "images")
 
-A split name resolves to files in this order (the first whose annotation file exists wins):
-
-1. the name as given: ``train2017`` -> ``annotations/instances_train2017.json`` and ``train2017/``;
-2. without a ``coco_`` prefix: ``coco_train2017`` -> ``annotations/instances_train2017.json`` and
-   ``train2017/`` (the spelling the SageMaker EFS example's hyperparameters use).
+(``coco_train2017`` also resolves to ``train2017``), or ``<annotation file>:<image folder>`` with
+paths relative to BASEDIR or absolute; ``training.data.splits`` resolves both forms.
 
 Each record of :attr:`CocoSplit.roidb` holds ``file_name`` (absolute path), ``image_id``,
 ``height``, ``width``, ``boxes`` float32 [N, 4] (x1, y1, x2, y2 in absolute pixels, clipped to the
@@ -35,20 +33,13 @@ import numpy as np
 from pycocotools import mask as mask_utils
 from pycocotools.coco import COCO
 
+from training.data.splits import DatasetError, layout_help
+from training.data.splits import resolve as _resolve
+
 log = logging.getLogger(__name__)
 
-COCO_PREFIX = "coco_"
 SHOW_MISSING = 5  # missing images named in an error message
 STAT_THREADS = 32
-
-
-class DatasetError(ValueError):
-    """The dataset on disk cannot be used; the message names the file and the expected layout."""
-
-
-def layout_help(basedir: str | os.PathLike) -> str:
-    return (f"expected layout: {basedir}/annotations/instances_<split>.json and images in "
-            f"{basedir}/<split>/ (a split named coco_<split> also resolves to <split>)")
 
 
 def write_annotations(basedir: str | os.PathLike, split: str, dataset: dict) -> Path:
@@ -69,21 +60,9 @@ def write_annotations_file(path: str | os.PathLike, dataset: dict) -> Path:
 
 
 def resolve_split(basedir: str | os.PathLike, split: str) -> tuple[Path, Path]:
-    """(annotation file, image directory) for ``split``, trying the names in the documented order."""
-    basedir = Path(basedir).expanduser().resolve()
-    names = [split]
-    if split.startswith(COCO_PREFIX) and len(split) > len(COCO_PREFIX):
-        names.append(split[len(COCO_PREFIX):])
-    tried = []
-    for name in names:
-        ann = basedir / "annotations" / f"instances_{name}.json"
-        if ann.is_file():
-            return ann, basedir / name
-        tried.append(str(ann))
-    if not basedir.is_dir():
-        raise DatasetError(f"data directory {basedir} does not exist; {layout_help(basedir)}")
-    raise DatasetError(f"no annotation file for split {split!r}: tried {', '.join(tried)}; "
-                       f"{layout_help(basedir)}")
+    """(annotation file, image directory) of a split entry (``training.data.splits``: a split name,
+    tried in the documented order, or ``<annotation file>:<image folder>``)."""
+    return _resolve(basedir, split)
 
 
 @dataclasses.dataclass
@@ -142,7 +121,7 @@ def load_split(basedir: str | os.PathLike, split: str, *, validate: bool = True,
     if missing:
         shown = ", ".join(missing[:SHOW_MISSING]) + (" ..." if len(missing) > SHOW_MISSING else "")
         raise DatasetError(f"{len(missing)} image(s) listed in {ann_file} are missing from {image_dir}: "
-                           f"{shown}")
+                           f"{shown}; {check_hint(ann_file, image_dir)}")
 
     cat_ids = sorted(coco.getCatIds())
     coco_id_to_contiguous = {cid: i + 1 for i, cid in enumerate(cat_ids)}
@@ -152,11 +131,16 @@ def load_split(basedir: str | os.PathLike, split: str, *, validate: bool = True,
     roidb, dropped = [], 0
     for img in images:
         anns = coco.imgToAnns.get(img["id"], [])
-        record, n_dropped = _record(img, anns, image_dir, coco_id_to_contiguous)
+        try:
+            record, n_dropped = _record(img, anns, image_dir, coco_id_to_contiguous)
+        except _BadAnnotation as err:
+            raise DatasetError(f"{ann_file}: {err}; {check_hint(ann_file, image_dir)}") from None
         roidb.append(record)
         dropped += n_dropped
     if dropped:
-        log.warning("%s: dropped %d instance(s) with an empty box or no valid polygon", ann_file, dropped)
+        log.warning("%s: dropped %d instance(s) with an empty box or no valid polygon (%s)", ann_file, dropped,
+                    check_hint(ann_file, image_dir))
+    log.info("split %r: %d images from %s, image files in %s", split, len(roidb), ann_file, image_dir)
     if require_annotations and not any(np.any(r["is_crowd"] == 0) for r in roidb):
         raise DatasetError(f"{ann_file} has {len(roidb)} images but no usable (non-crowd, non-empty) "
                            f"annotations: nothing to train on")
@@ -178,6 +162,15 @@ def load_splits(basedir: str | os.PathLike, splits, **kwargs) -> list[CocoSplit]
     return loaded
 
 
+def check_hint(ann_file: Path, image_dir: Path) -> str:
+    """The command that lists every problem of a split (training/data/check.py)."""
+    return f"`python -m training.data.check --annotations {ann_file} --images {image_dir}` lists every problem"
+
+
+class _BadAnnotation(ValueError):
+    """An annotation the records cannot be built from; the message names it."""
+
+
 def _load_coco(ann_file: Path) -> COCO:
     # pycocotools prints progress to stdout; the trainer's log needs no such noise per split.
     with contextlib.redirect_stdout(io.StringIO()):
@@ -191,7 +184,14 @@ def _record(img: dict, anns: list[dict], image_dir: Path, cat_map: dict[int, int
     for ann in anns:
         if ann.get("ignore", 0):
             continue
-        x, y, w, h = (float(v) for v in ann["bbox"])
+        if ann.get("category_id") not in cat_map:
+            raise _BadAnnotation(f"annotation {ann.get('id')} of image {img['id']} has category_id "
+                                 f"{ann.get('category_id')!r}, which 'categories' does not list")
+        try:
+            x, y, w, h = (float(v) for v in ann["bbox"])
+        except (KeyError, TypeError, ValueError):
+            raise _BadAnnotation(f"annotation {ann.get('id')} of image {img['id']} has no bbox of 4 numbers "
+                                 f"(got {ann.get('bbox')!r})") from None
         x1, y1 = max(x, 0.0), max(y, 0.0)
         x2, y2 = min(x + w, float(width)), min(y + h, float(height))
         if x2 - x1 <= 0 or y2 - y1 <= 0 or ann.get("area", 1) <= 0:
