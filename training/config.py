@@ -100,6 +100,10 @@ class AttrDict:
         object.__setattr__(node, leaf, value)
 
 
+def _names(like: Any) -> bool:
+    return isinstance(like, (list, tuple)) and bool(like) and all(isinstance(x, str) for x in like)
+
+
 def parse_value(raw: Any, *, like: Any, key: str) -> Any:
     """Parse a string as a literal of the same kind as the default ``like``.
 
@@ -114,6 +118,10 @@ def parse_value(raw: Any, *, like: Any, key: str) -> Any:
         except (ValueError, SyntaxError):
             if isinstance(like, str) or like is None:
                 return raw
+            if _names(like) and not raw.strip().startswith(("(", "[", "'", '"')):
+                # One bare split name or entry (DATA.TRAIN=labels/train.json:photos/train): what a
+                # shell leaves of an unquoted value.
+                return (raw.strip(),) if isinstance(like, tuple) else [raw.strip()]
             raise ConfigError(f"cannot parse {raw!r} for {key}: expected a value like {like!r}") from None
     if isinstance(like, bool):
         if isinstance(value, str) and value.lower() in ("true", "false"):

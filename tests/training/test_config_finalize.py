@@ -70,6 +70,15 @@ def test_unknown_key_and_unparsable_value():
         _cfg("TRAIN.NO_SUCH_KEY=1")
     with pytest.raises(ConfigError, match="cannot parse"):
         _cfg("TRAIN.BASE_LR=fast")
+    with pytest.raises(ConfigError, match="cannot parse"):
+        _cfg("PREPROC.TRAIN_SHORT_EDGE_SIZE=big")       # a list of numbers takes no bare word
+
+
+def test_a_bare_split_name_or_entry_is_a_list_of_one():
+    """As a shell passes an unquoted value: `DATA.TRAIN=train2017`, `DATA.VAL=labels/val.json:photos/val`."""
+    cfg = _cfg("DATA.TRAIN=train2017", "DATA.VAL=labels/val.json:photos/val")
+    assert cfg.DATA.TRAIN == ("train2017",) and cfg.DATA.VAL == ("labels/val.json:photos/val",)
+    assert _cfg("DATA.TRAIN=('a.json:a', 'b.json:b')").DATA.TRAIN == ("a.json:a", "b.json:b")
 
 
 def test_finalized_config_is_frozen():
