@@ -11,6 +11,7 @@ with --images the images are numbered 1.. in file-name order, each result also n
 training prints (for a run trained with DATA.VAL=(), or another split).
 --draw DIR writes every image with its detections of at least --score-threshold drawn on it
 (translucent masks, boxes, class names, scores) to DIR, under the image's own file name and format.
+--max-images N predicts (and evaluates) only the first N images.
 --batch-size images go through the network per run (default: the run's TEST.BATCH_SIZE); a batch
 holds images of one padded size, so the detections do not depend on it.
 """
@@ -38,6 +39,8 @@ def parse_args(argv=None):
     p.add_argument("--score-threshold", type=float, default=DRAW_SCORE_THRESHOLD,
                    help=f"--draw shows detections scoring at least this (default {DRAW_SCORE_THRESHOLD})")
     p.add_argument("--batch-size", type=int, help="images per network run (default: the run's TEST.BATCH_SIZE)")
+    p.add_argument("--max-images", type=int, default=0,
+                   help="only the first N images (the split's order, or file-name order); 0: all")
     p.add_argument("--config", nargs="*", default=[], metavar="KEY=VALUE", help="config overrides (e.g. DATA.BASEDIR=...)")
     return p.parse_args(argv)
 
@@ -120,6 +123,8 @@ def check_args(args) -> str | None:
         return "--evaluate needs --split (a folder of images has no ground truth)"
     if not 0.0 <= args.score_threshold <= 1.0:
         return f"--score-threshold must be between 0 and 1, got {args.score_threshold}"
+    if args.max_images < 0:
+        return f"--max-images must be 0 (all) or more, got {args.max_images}"
     if args.batch_size is not None and args.batch_size < 1:
         return f"--batch-size must be at least 1, got {args.batch_size}"
     if args.draw and os.path.exists(args.draw) and not os.path.isdir(args.draw):
@@ -164,6 +169,7 @@ def main(argv=None) -> int:
     if args.images:
         folder = Path(args.images)
         paths = sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES) if folder.is_dir() else []
+        paths = paths[:args.max_images] if args.max_images else paths
         if not paths:
             print(f"error: no images ({', '.join(IMAGE_SUFFIXES)}) in {folder}", file=sys.stderr)
             return 2
@@ -189,7 +195,7 @@ def main(argv=None) -> int:
         results = [r for idx in sorted(per_image) for r in per_image[idx]]
     else:
         on_image = (lambda record, image, det: drawer(record["file_name"], image, det)) if drawer else None
-        results = predict_split(predict_fn, split, cfg, on_image=on_image)
+        results = predict_split(predict_fn, split, cfg, on_image=on_image, max_images=args.max_images)
     if args.output:
         out = Path(args.output)
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -200,7 +206,7 @@ def main(argv=None) -> int:
     if drawer:
         print(f"drew the detections scoring {args.score_threshold:g} or more on {drawer.count} images in {drawer.folder}")
     if args.evaluate:
-        evaluate_split(split, results, cfg)
+        evaluate_split(split, results, cfg, max_images=args.max_images)
     return 0
 
 

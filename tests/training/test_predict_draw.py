@@ -72,6 +72,7 @@ def test_colours_by_class_name_and_bad_shapes():
     ([], "nothing to write: give --output FILE (results JSON) and/or --draw DIR (pictures)"),
     (["--draw", "d", "--score-threshold", "1.5"], "--score-threshold must be between 0 and 1, got 1.5"),
     (["--output", "r.json", "--batch-size", "0"], "--batch-size must be at least 1, got 0"),
+    (["--output", "r.json", "--max-images", "-1"], "--max-images must be 0 (all) or more, got -1"),
     (["--draw", "a_file"], "--draw a_file is a file: give a folder (it is created if missing)"),
 ])
 def test_bad_arguments_are_one_clear_line_before_anything_loads(tmp_path, monkeypatch, capsys, args, message):
@@ -115,6 +116,10 @@ def test_predict_draws_each_image_with_its_detections(run_and_images):
     best = max(results, key=lambda r: r["score"])
     proc = run_python("-m", "training.predict", "--checkpoint", "runs/r1", "--images", "images", "--draw", "drawn",
                       "--score-threshold", str(best["score"] - 1e-6), "--batch-size", "3", cwd=root)
+    first = run_python("-m", "training.predict", "--checkpoint", "runs/r1", "--images", "images", "--draw", "first",
+                       "--max-images", "2", cwd=root)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert sorted(p.name for p in (root / "first").iterdir()) == ["a.png", "b.png"]    # file-name order
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "on 4 images in drawn" in proc.stdout
     assert sorted(p.name for p in (root / "drawn").iterdir()) == sorted(CROPS)
