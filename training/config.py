@@ -176,7 +176,7 @@ _C.DATA.ASPECT_RATIO_GROUPING = True
 
 # ---------------------------------------------------------------------------------------------
 # Backbone
-_C.BACKBONE.WEIGHTS = ""      # .npz with ImageNet-R50-AlignPadding.npz variable names; "" = from scratch
+_C.BACKBONE.WEIGHTS = ""      # .npz with ImageNet-R50-AlignPadding.npz variable names; "" = none
 _C.BACKBONE.RESNET_NUM_BLOCKS = [3, 4, 6, 3]   # resnet50; resnet101 = [3, 4, 23, 3]
 _C.BACKBONE.WIDTH = 64        # channels of the stem; 64 is standard ResNet, smaller for CPU runs
 _C.BACKBONE.BLOCK = "bottleneck"  # bottleneck (ResNet-50/101) or basic (two 3x3 convs; tiny CPU nets)
@@ -205,7 +205,10 @@ _C.TRAIN.EVAL_PERIOD = 1      # epochs between COCO evaluations (0 = only at the
 _C.TRAIN.CHECKPOINT_PERIOD = 1  # epochs between checkpoints
 _C.TRAIN.CHECKPOINT_MINUTES = 30  # also a checkpoint once this many minutes passed since the last one (0 = off)
 _C.TRAIN.GRADIENT_CLIP = 0.0  # global-norm clip; 0 = off (use ~1.5 for large global batches)
-_C.TRAIN.LOAD_MODEL = ""      # checkpoint or .npz to start from (resume from LOGDIR wins)
+# A whole trained model to start from at step 0 (fine-tuning), e.g. tensorpack's
+# COCO-R50FPN-MaskRCNN-Standard.npz or a checkpoint; restored strictly, class layers re-initialised
+# for another class count (training/model/weights.py). A checkpoint in the log dir resumes instead.
+_C.TRAIN.LOAD_MODEL = ""
 _C.TRAIN.MIXED_PRECISION = False  # GPU only: float16 compute through the grappler AMP rewrite + loss scaling
 _C.TRAIN.XLA = False              # GPU only: XLA auto-clustering (global_jit_level ON_1)
 _C.TRAIN.GRADIENT_COMPRESSION = "auto"  # Horovod allreduce in fp16: "fp16", "none", "auto" = fp16 across nodes
@@ -390,6 +393,11 @@ def _finalize(cfg: AttrDict, *, num_ranks: int, class_names, has_gpu) -> None:
     cfg.BACKBONE.NORM = norm
     _require(_is_int(cfg.BACKBONE.FREEZE_AT) and 0 <= cfg.BACKBONE.FREEZE_AT <= 5,
              f"BACKBONE.FREEZE_AT must be 0..5, got {cfg.BACKBONE.FREEZE_AT!r}")
+    # TRAIN.LOAD_MODEL restores the backbone too: with both, one of them would be silently unused
+    _require(not (cfg.BACKBONE.WEIGHTS and cfg.TRAIN.LOAD_MODEL),
+             f"BACKBONE.WEIGHTS ({cfg.BACKBONE.WEIGHTS!r}) and TRAIN.LOAD_MODEL ({cfg.TRAIN.LOAD_MODEL!r}) are both "
+             f"set, but the model file holds the backbone too: set BACKBONE.WEIGHTS='' to fine-tune from the model, "
+             f"or TRAIN.LOAD_MODEL='' to start from the backbone weights alone")
     if not cfg.BACKBONE.WEIGHTS and not cfg.TRAIN.LOAD_MODEL:
         cfg.BACKBONE.FREEZE_AT = 0  # nothing pretrained to protect: train every stage
     _require(cfg.BACKBONE.DATA_FORMAT in DATA_FORMAT_CHOICES,

@@ -201,8 +201,9 @@ HYPERPARAMETERS = {h.name: h for h in (
                    "ResNet backbone weights (.npz), e.g. ImageNet-R50-AlignPadding.npz; a relative "
                    "name is looked up in the data directory"),
     Hyperparameter("load_model", "TRAIN.LOAD_MODEL", _path,
-                   "model (checkpoint or .npz) to start from; a relative name is looked up in the "
-                   "data directory"),
+                   "whole model (checkpoint or .npz, e.g. COCO-R50FPN-MaskRCNN-Standard.npz) to fine-tune from at "
+                   "step 0, restored strictly, its class layers re-initialised for another class count; leave "
+                   "backbone_weights empty; a relative name is looked up in the data directory"),
     Hyperparameter("batch_size_per_gpu", "TRAIN.BATCH_SIZE_PER_GPU", _int(1),
                    "images per GPU (or per process on CPU) and step"),
 )}

@@ -100,12 +100,35 @@ class Resume:
     message: str
 
 
+def check_same_start(logdir: str, checkpoint: str, cfg) -> None:
+    """Refuse to resume ``checkpoint`` when this run asks to fine-tune from a model that the run
+    in ``logdir`` did not start from: resuming would silently ignore ``TRAIN.LOAD_MODEL`` and
+    continue another run. The run's own restarts repeat its command (same value) or leave the
+    key out; a log dir without config.json (copied from elsewhere) cannot be told apart."""
+    from training.callbacks import CONFIG_FILE
+    wanted = cfg.TRAIN.LOAD_MODEL
+    if not wanted:
+        return
+    try:
+        with open(os.path.join(logdir, CONFIG_FILE)) as f:
+            started_from = (json.load(f).get("TRAIN") or {}).get("LOAD_MODEL", "")
+    except (FileNotFoundError, ValueError, AttributeError):
+        return
+    if started_from != wanted:
+        raise ConfigError(f"TRAIN.LOAD_MODEL={wanted!r} asks for a new run fine-tuned from that model, but --logdir "
+                          f"{logdir} holds another run's checkpoint {os.path.basename(checkpoint)} (started "
+                          + (f"from {started_from!r}" if started_from else "without TRAIN.LOAD_MODEL")
+                          + "), which would be resumed instead: give the new run a new --logdir, or leave "
+                          "TRAIN.LOAD_MODEL out to continue that run")
+
+
 def plan(logdir: str, cfg) -> Resume | None:
     """The resume state of ``logdir`` for a run of the finalized ``cfg``; None for a fresh run."""
     from training.callbacks import resume_step
     checkpoint, saved_step = resume_step(logdir)
     if not checkpoint:
         return None
+    check_same_start(logdir, checkpoint, cfg)
     ranks, per_rank = cfg.TRAIN.NUM_GPUS, cfg.TRAIN.BATCH_SIZE_PER_GPU
     saved = checkpoint_batch(logdir, checkpoint)
     step, message = continue_step(checkpoint, saved_step, saved, ranks, per_rank)

@@ -84,15 +84,10 @@ def resolve_weights(path: str, basedir: str, key: str) -> str:
 
 
 def pretrained_init(path: str):
-    """Weights to start from (fine-tune): every matching variable but the global step, which starts at 0.
-
-    An .npz is read by op name (weights.read_npz: tensorpack's files key ``conv0/W:0``, others
-    ``conv0/W``; a file with both for one variable is an error, not a silent pick)."""
-    from tensorpack.tfutils.sessinit import DictRestore, SaverRestoreRelaxed
-    if path.endswith(".npz"):
-        from training.model.weights import read_npz
-        weights = {name: v for name, v in read_npz(path).items() if name != "global_step"}
-        return DictRestore(weights, ignore_mismatch=True)
+    """A checkpoint given as BACKBONE.WEIGHTS: every matching variable but the global step, which
+    starts at 0. (An .npz there is restored strictly, weights.strict_backbone_init; a whole model
+    to fine-tune from is TRAIN.LOAD_MODEL, weights.strict_finetune_init.)"""
+    from tensorpack.tfutils.sessinit import SaverRestoreRelaxed
     return SaverRestoreRelaxed(path, ignore=("global_step",))
 
 
@@ -155,9 +150,9 @@ def main(argv=None) -> int:
         if backbone_weights.endswith(".npz"):  # every backbone variable, right norm, or stop here
             from training.model.weights import check_weights_file
             check_weights_file(backbone_weights, cfg)
-        if load_model.endswith(".npz"):  # its keys name variables unambiguously, or stop here
-            from training.model.weights import npz_shapes
-            npz_shapes(load_model)
+        if load_model:  # every variable of the model, in its shape (class layers aside), or stop here
+            from training.model.weights import check_model_file
+            check_model_file(load_model, cfg)
     except (ConfigError, DatasetError) as err:
         error = f"error: {err}" + (f" (rank {rank})" if size > 1 else "")
     # every rank stops on any rank's error (rank 0's file check included), or none does; and on a
@@ -195,6 +190,9 @@ def main(argv=None) -> int:
         print(f"training on {size} rank(s), {cfg.TRAIN.BATCH_SIZE_PER_GPU} image(s) per rank, "
               f"{len(roidb)} training images; {cfg.TRAIN.MAX_STEPS} steps = {cfg.TRAIN.MAX_EPOCH} epochs of {spe}; "
               f"LR {cfg.TRAIN.SCALED_LR:g}" + (f"; {resume.message}" if resume else ""), flush=True)
+        from training.model.weights import from_scratch_warning
+        if not resume and (warning := from_scratch_warning(cfg)):  # a new run: not again at each resume
+            print(warning, flush=True)
         if val_split is None:
             print("DATA.VAL is empty: this run does not evaluate (evaluate a checkpoint later with "
                   "python -m training.predict --split S --evaluate)", flush=True)
@@ -205,7 +203,8 @@ def main(argv=None) -> int:
             session_init = ChainInit([session_init, set_global_step(step)])
     elif load_model:
         print(f"fine-tuning from {load_model}", flush=True)
-        session_init = pretrained_init(load_model)
+        from training.model.weights import strict_finetune_init
+        session_init = strict_finetune_init(load_model)
     elif backbone_weights:
         print(f"backbone weights from {backbone_weights}", flush=True)
         if backbone_weights.endswith(".npz"):

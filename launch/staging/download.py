@@ -1,11 +1,12 @@
-"""Download COCO 2017 and the pretrained backbone weights, verify checksums, extract.
+"""Download COCO 2017 and the pretrained weights, verify checksums, extract.
 
 Layout under the stage directory (the layout DATA.BASEDIR expects, see training/config.py)::
 
     <stage>/downloads/<archive files>          kept, so a rerun skips verified downloads
     <stage>/coco/annotations/instances_{train,val}2017.json
     <stage>/coco/{train2017,val2017}/*.jpg
-    <stage>/coco/weights/ImageNet-R50-AlignPadding.npz
+    <stage>/coco/weights/ImageNet-R50-AlignPadding.npz          BACKBONE.WEIGHTS
+    <stage>/coco/weights/COCO-R50FPN-MaskRCNN-Standard.npz      TRAIN.LOAD_MODEL (fine-tuning)
 
 Every URL and checksum can be replaced (``--url NAME=URL``, ``--checksum NAME=ALGO:HEX``, or a JSON
 manifest), e.g. to use a mirror inside the VPC.
@@ -43,9 +44,17 @@ class Artifact:
     target: str = "coco"
 
 
-# Checksums as published alongside the COCO 2017 archives. The weights file has no published
-# checksum: pass --checksum ImageNet-R50-AlignPadding.npz=sha256:<hex> from a copy you trust, or
-# --allow-unpinned to accept it and record its sha256 in <stage>/checksums.json.
+# tensorpack's COCO-trained Mask R-CNN R50-FPN, to fine-tune from (docs/training.md). No checksum
+# or size is published for it: not in tensorpack's repository or model zoo, nor in AWS's samples
+# (a plain wget). From its variables (tests/training/data/COCO-R50FPN-MaskRCNN-Standard.txt) it holds
+# 44,453,556 float32 values, 178 MB before compression. This is the one place to pin its sha256
+# once taken from a copy you trust ("sha256:<hex>"); until then it is unpinned like the ImageNet file.
+COCO_MODEL_CHECKSUM: str | None = None
+
+# Checksums as published alongside the COCO 2017 archives. The weights files have no published
+# checksum: pass --checksum ImageNet-R50-AlignPadding.npz=sha256:<hex> (likewise for the COCO model)
+# from a copy you trust, or --allow-unpinned to accept them and record their sha256 in
+# <stage>/checksums.json, against which every later run checks them.
 COCO_2017 = (
     Artifact("train2017.zip", "http://images.cocodataset.org/zips/train2017.zip",
              "md5:cced6f7f71b7629ddf16f17bbcfab6b2", "coco"),
@@ -56,6 +65,9 @@ COCO_2017 = (
              "md5:f4bbac642086de4f52a3fdda2de5fa2c", "coco"),
     Artifact("ImageNet-R50-AlignPadding.npz",
              "http://models.tensorpack.com/FasterRCNN/ImageNet-R50-AlignPadding.npz", None, None,
+             target="coco/weights"),
+    Artifact("COCO-R50FPN-MaskRCNN-Standard.npz",
+             "http://models.tensorpack.com/FasterRCNN/COCO-R50FPN-MaskRCNN-Standard.npz", COCO_MODEL_CHECKSUM, None,
              target="coco/weights"),
 )
 

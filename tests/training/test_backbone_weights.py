@@ -218,7 +218,7 @@ def test_batchnorm_weights_refuse_gn_and_no_norm(norm):
         plan_restore(gn_file, file_shapes, norm="FreezeBN", path="ImageNet-R50-GroupNorm32-AlignPadding.npz")
 
 
-# ------------------------------------------------------------------ fine-tuning (train.py pretrained_init)
+# ------------------------------------------------------------------ fine-tuning (weights.strict_finetune_init)
 def _model_graph(tf):
     """A few variables named as in a Mask R-CNN, and the global step."""
     tf1 = tf.compat.v1
@@ -227,28 +227,32 @@ def _model_graph(tf):
     return variables, tf1.train.get_or_create_global_step()
 
 
-def test_fine_tuning_restores_a_tensorpack_model_file_but_not_its_step(tf_session, tmp_path):
+def test_fine_tuning_restores_a_tensorpack_model_file_but_not_its_step(tf_session, tmp_path, capsys):
     """A COCO model file as dump-model-params.py writes it without --meta: tensor names, the step too."""
-    from training.train import pretrained_init
+    from training.model.weights import strict_finetune_init
     tf, sess = tf_session
     variables, step = _model_graph(tf)
     rng = np.random.default_rng(3)
     values = {f"{n}:0": rng.normal(size=v.shape).astype(np.float32) for n, v in variables.items()}
     path = str(tmp_path / "COCO-MaskRCNN-R50FPN2x.npz")
     write_npz(path, {**values, "global_step:0": np.int64(90000)})
+    init = strict_finetune_init(path)
+    init._setup_graph()
     sess.run(tf.compat.v1.global_variables_initializer())
-    pretrained_init(path).init(sess)
+    init._run_init(sess)
     for name, var in variables.items():
         np.testing.assert_array_equal(sess.run(var), values[f"{name}:0"], err_msg=name)
     assert sess.run(step) == 0
+    assert "restored 3 of 3 variables; re-initialised 0 class-specific ones" in capsys.readouterr().out.splitlines()
 
 
 def test_fine_tuning_refuses_a_file_with_both_key_forms(tf_session, tmp_path):
-    from training.model.weights import WeightsError
-    from training.train import pretrained_init
+    from training.model.weights import WeightsError, strict_finetune_init
+    tf, _ = tf_session
+    _model_graph(tf)
     path = _tiny_file(tmp_path, ["maskrcnn/conv/b:0", "maskrcnn/conv/b"])
     with pytest.raises(WeightsError, match=re.escape(path) + " holds 'maskrcnn/conv/b' twice"):
-        pretrained_init(path)
+        strict_finetune_init(path)._setup_graph()
 
 
 # ------------------------------------------------------------------ the trainer's real path
@@ -284,7 +288,7 @@ def test_training_stops_before_building_on_an_ambiguous_model_file(tmp_path):
     """A TRAIN.LOAD_MODEL file holding one variable under both key forms stops the run at start-up
     (exit 2, one line naming the file and both keys), not with a traceback on every rank later."""
     model = _tiny_file(tmp_path, ["conv0/W", "conv0/W:0"])
-    proc = _train_with_weights(tmp_path, "FreezeBN", f"TRAIN.LOAD_MODEL={str(model)!r}")
+    proc = _train_with_weights(tmp_path, "FreezeBN", f"TRAIN.LOAD_MODEL={str(model)!r}", "BACKBONE.WEIGHTS=''")
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "holds 'conv0/W' twice, as 'conv0/W' and 'conv0/W:0'" in proc.stderr
     assert "Traceback" not in proc.stderr

@@ -66,3 +66,50 @@ def test_without_config_json_the_step_is_kept_and_a_broken_one_is_an_error(tmp_p
     (tmp_path / "config.json").write_text('{"TRAIN": {}}')
     with pytest.raises(ConfigError, match="config.json is unreadable"):
         checkpoint_batch(str(tmp_path), ckpt)
+
+
+# ------------------------------------------------------------------ a new run never resumes another one
+def _logdir_with_checkpoint(tf, logdir, step, **saved_train):
+    """A log dir as a run leaves it: a checkpoint at ``step`` and that run's config.json."""
+    tf1 = tf.compat.v1
+    global_step = tf1.train.get_or_create_global_step()
+    with tf1.Session() as sess:
+        sess.run(tf1.global_variables_initializer())
+        sess.run(tf1.assign(global_step, step))
+        tf1.train.Saver().save(sess, str(logdir / "model"), global_step=step)
+    train = {"NUM_GPUS": 1, "BATCH_SIZE_PER_GPU": 1, "LOAD_MODEL": "", **saved_train}
+    (logdir / "config.json").write_text(json.dumps({"TRAIN": train}))
+
+
+def _finalized(*overrides):
+    cfg = new_config()
+    cfg.update_args(list(overrides))
+    return finalize(cfg, num_ranks=1, has_gpu=False)
+
+
+def test_a_new_fine_tuning_run_in_an_old_runs_log_dir_is_refused(tf_session, tmp_path):
+    """TRAIN.LOAD_MODEL names a model to start a new run from; in a log dir holding another run's
+    checkpoint the trainer would resume that run and ignore it, so it stops instead."""
+    from training.resume import plan
+    tf, _ = tf_session
+    _logdir_with_checkpoint(tf, tmp_path, 40)
+    with pytest.raises(ConfigError, match=f"TRAIN.LOAD_MODEL='coco.npz' asks for a new run fine-tuned from that model, "
+                                          f"but --logdir {tmp_path} holds another run's checkpoint model-40 \\(started "
+                                          f"without TRAIN.LOAD_MODEL\\), which would be resumed instead: give the new run "
+                                          f"a new --logdir"):
+        plan(str(tmp_path), _finalized("TRAIN.LOAD_MODEL='coco.npz'"))
+    # the same log dir continues with the command that started it, or with no model named
+    assert plan(str(tmp_path), _finalized()).step == 40
+
+
+def test_a_fine_tuned_run_resumes_with_the_command_that_started_it(tf_session, tmp_path):
+    """A requeued cluster job or a restarted SageMaker job repeats its command, TRAIN.LOAD_MODEL
+    included: that continues the run; another model file is another run."""
+    from training.resume import plan
+    tf, _ = tf_session
+    _logdir_with_checkpoint(tf, tmp_path, 7, LOAD_MODEL="coco.npz")
+    resumed = plan(str(tmp_path), _finalized("TRAIN.LOAD_MODEL='coco.npz'"))
+    assert (resumed.step, resumed.message) == (7, f"resuming from {tmp_path / 'model-7'} at step 7")
+    assert plan(str(tmp_path), _finalized()).step == 7
+    with pytest.raises(ConfigError, match="started from 'coco.npz'"):
+        plan(str(tmp_path), _finalized("TRAIN.LOAD_MODEL='other.npz'"))

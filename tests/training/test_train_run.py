@@ -146,6 +146,8 @@ def test_load_model_fine_tunes_from_step_zero(trained, tiny_dataset, tmp_path):
                                                      f"TRAIN.LOAD_MODEL={str(logdir)!r}", "DATA.VAL=()"))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert f"fine-tuning from {logdir / 'model-'}" in proc.stdout  # the latest checkpoint of that run
+    # the same config: every variable restored, no class layer to re-initialise
+    assert re.search(r"restored (\d+) of \1 variables; re-initialised 0 class-specific ones", proc.stdout)
     assert "DATA.VAL is empty: this run does not evaluate" in proc.stdout
     assert "mAP(" not in proc.stdout and not (tmp_path / "ft" / "eval_results.json").exists()
     last = 2 * STEPS_PER_EPOCH

@@ -35,8 +35,30 @@ def sample_rois(proposals, gt_boxes, gt_labels, *, batch_per_im: int, fg_ratio: 
         return rois, tf.stop_gradient(labels), tf.stop_gradient(fg_gt_index), num_fg
 
 
+def class_outputs(feature, *, num_classes: int):
+    """Class logits ``[N, num_classes + 1]`` and per-class box deltas ``[N, num_classes, 4]``.
+
+    Laid out as tensorpack's ``fastrcnn_outputs``, whose weights load here: the box layer has a
+    delta for the background class too (``(num_classes + 1) * 4`` outputs, background first),
+    which no loss or detection reads; it is dropped here, so callers see foreground classes only.
+    """
+    logits = FullyConnected("class", feature, num_classes + 1, kernel_initializer=tf1.random_normal_initializer(stddev=0.01))
+    deltas = FullyConnected("box", feature, (num_classes + 1) * 4,
+                            kernel_initializer=tf1.random_normal_initializer(stddev=0.001))
+    return logits, tf.reshape(deltas, [-1, num_classes + 1, 4])[:, 1:]
+
+
 def box_head(pooled, *, head_func: str, fc_dim: int, conv_dim: int, num_classes: int, gn_groups: int = 32):
-    """``pooled``: NHWC ``[N, P, P, C]`` -> class logits ``[N, num_classes + 1]``, deltas ``[N, num_classes, 4]``."""
+    """``pooled``: NHWC ``[N, P, P, C]`` -> class logits ``[N, num_classes + 1]``, deltas ``[N, num_classes, 4]``.
+
+    Variables as tensorpack's FPN heads name them (``fastrcnn/fc6``, ``fastrcnn/fc7``,
+    ``fastrcnn/outputs/class``, ``fastrcnn/outputs/box``), and the first fully connected layer
+    flattens its input in tensorpack's (C, H, W) order: tensorpack pools ROIs as NCHW, so rows of
+    its ``fc6/W`` (``fc/W``) run channel-major, and its COCO weights mean the same here.
+    """
+    def nchw(x):  # FullyConnected flattens what it gets
+        return tf.transpose(x, [0, 3, 1, 2])
+
     with tf1.variable_scope("fastrcnn"):
         x = pooled
         if head_func in ("fastrcnn_4conv1fc_head", "fastrcnn_4conv1fc_gn_head"):
@@ -47,15 +69,14 @@ def box_head(pooled, *, head_func: str, fc_dim: int, conv_dim: int, num_classes:
                         with tf1.variable_scope(f"conv{i}"):
                             x = group_norm("gn", x, groups=gn_groups, data_format="NHWC")
                     x = tf.nn.relu(x)
-            x = FullyConnected("fc", x, fc_dim, activation=tf.nn.relu,
+            x = FullyConnected("fc", nchw(x), fc_dim, activation=tf.nn.relu,
                                kernel_initializer=tf1.variance_scaling_initializer())
         else:  # fastrcnn_2fc_head
             init = tf1.variance_scaling_initializer()
-            x = FullyConnected("fc6", x, fc_dim, activation=tf.nn.relu, kernel_initializer=init)
+            x = FullyConnected("fc6", nchw(x), fc_dim, activation=tf.nn.relu, kernel_initializer=init)
             x = FullyConnected("fc7", x, fc_dim, activation=tf.nn.relu, kernel_initializer=init)
-        logits = FullyConnected("class", x, num_classes + 1, kernel_initializer=tf1.random_normal_initializer(stddev=0.01))
-        deltas = FullyConnected("box", x, num_classes * 4, kernel_initializer=tf1.random_normal_initializer(stddev=0.001))
-        return logits, tf.reshape(deltas, [-1, num_classes, 4])
+        with tf1.variable_scope("outputs"):
+            return class_outputs(x, num_classes=num_classes)
 
 
 def box_targets(rois, gt_boxes, fg_gt_index, num_fg, weights):

@@ -8,7 +8,7 @@
 from __future__ import annotations
 
 from tensorpack import ModelDesc
-from tensorpack.models import FullyConnected, Conv2D, Conv2DTranspose
+from tensorpack.models import Conv2D, Conv2DTranspose
 from tensorpack.tfutils.argscope import argscope
 from tensorpack.tfutils.summary import add_moving_summary
 from tensorpack.tfutils.tower import get_current_tower_context
@@ -121,12 +121,9 @@ class MaskRCNN(ModelDesc):
             pooled = tf.transpose(pooled, [0, 3, 1, 2])
         res5 = self._to_nhwc(self.backbone.stage(pooled, 3))
         feat = tf.reduce_mean(res5, axis=[1, 2])
-        with tf1.variable_scope("fastrcnn"):
-            logits = FullyConnected("class", feat, self.num_classes + 1,
-                                    kernel_initializer=tf1.random_normal_initializer(stddev=0.01))
-            deltas = FullyConnected("box", feat, self.num_classes * 4,
-                                    kernel_initializer=tf1.random_normal_initializer(stddev=0.001))
-        return logits, tf.reshape(deltas, [-1, self.num_classes, 4]), res5
+        with tf1.variable_scope("fastrcnn"):  # tensorpack's C4 names: fastrcnn/class, fastrcnn/box
+            logits, deltas = frcnn_head.class_outputs(feat, num_classes=self.num_classes)
+        return logits, deltas, res5
 
     def _mask_logits(self, pool, boxes, box_indices, res5=None):
         cfg = self.cfg

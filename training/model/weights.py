@@ -15,6 +15,12 @@ kernel ``W`` and its BatchNorm ``bn/gamma``, ``bn/beta``, ``bn/mean/EMA``, ``bn/
 Anything else in the file (an ImageNet classifier, a step counter) is reported and not loaded.
 A violation is a :class:`WeightsError` that names the variable and the fix.
 
+A whole detector, such as tensorpack's COCO-trained ``COCO-R50FPN-MaskRCNN-Standard.npz``, is a
+model file (``TRAIN.LOAD_MODEL``), restored by :func:`plan_finetune` with the same strictness over
+every variable of the model: each must be in the file with its shape, and each entry of an
+``.npz`` must be used. Only the layers whose shape follows the class count (:data:`CLASS_SPECIFIC`)
+are re-initialised, when the file was trained for another number of categories.
+
 The files' keys are tensor names (``conv0/W:0``: tensorpack's ``dump_session_params`` and
 ``dump-model-params.py`` write ``Variable.name``) or, from some converters, op names (``conv0/W``).
 :func:`variable_names` maps both to the op name once, when a file is read; everything after it
@@ -22,6 +28,7 @@ The files' keys are tensor names (``conv0/W:0``: tensorpack's ``dump_session_par
 """
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import numpy as np
@@ -39,6 +46,29 @@ WEIGHTS_FOR_NORM = {
     "GN": "GroupNorm weights such as tensorpack's ImageNet-R50-GroupNorm32-AlignPadding.npz",
     "None": "no published ImageNet weights: train it from scratch (BACKBONE.WEIGHTS='')",
 }
+
+
+# The scopes of a detector's layers after the backbone (tensorpack's names and this model's).
+HEAD_SCOPES = ("fpn", "rpn", "fastrcnn", "maskrcnn")
+# The layers whose shape follows the class count: tensorpack's fastrcnn_outputs (FPN models put it
+# under fastrcnn/outputs/, C4 models under fastrcnn/) and the mask predictor maskrcnn/conv.
+CLASS_SPECIFIC = re.compile(r"^(fastrcnn/(outputs/)?(class|box)|maskrcnn/conv)/(W|b)$")
+# Their class logits' bias: categories + 1 (the background) entries.
+CLASS_LOGITS_BIAS = ("fastrcnn/outputs/class/b", "fastrcnn/class/b")
+# Entries of a model file that are no model variable and are never restored: fine-tuning starts at
+# step 0 (dump-model-params.py without --meta keeps global_step:0).
+NOT_RESTORED = ("global_step",)
+# Config keys that decide a shape in each part of the model: what to set when a shape differs.
+SHAPE_KEYS = {
+    "fpn": "FPN.NUM_CHANNEL, FPN.NORM",
+    "rpn": "FPN.NUM_CHANNEL (RPN.HEAD_DIM for C4), RPN.ANCHOR_RATIOS, RPN.ANCHOR_SIZES",
+    "fastrcnn": "FPN.FRCNN_HEAD_FUNC, FPN.FRCNN_FC_HEAD_DIM, FPN.FRCNN_CONV_HEAD_DIM, FRCNN.POOLED_SIZE",
+    "maskrcnn": "FPN.MRCNN_HEAD_FUNC, MRCNN.HEAD_DIM, MRCNN.NUM_CONV",
+}
+BACKBONE_SHAPE_KEYS = "BACKBONE.RESNET_NUM_BLOCKS, BACKBONE.WIDTH, BACKBONE.BLOCK, BACKBONE.NORM"
+ARCHITECTURE_KEYS = ("MODE_FPN, MODE_MASK, BACKBONE.RESNET_NUM_BLOCKS, BACKBONE.NORM, FPN.NORM, FPN.FRCNN_HEAD_FUNC, "
+                     "FPN.MRCNN_HEAD_FUNC, MRCNN.NUM_CONV")
+FITS_DEFAULTS = "tensorpack's COCO-R50FPN-MaskRCNN-Standard.npz fits the defaults: R50-FPN, FreezeBN, mask head"
 
 
 class WeightsError(ConfigError):
@@ -104,13 +134,13 @@ def check_has_backbone(names, *, path: str) -> None:
             f"tensorpack's ResNet naming); its {len(names)} entries: {shown or 'none'}")
 
 
-def check_norm(names, *, norm: str, path: str) -> None:
+def check_norm(names, *, norm: str, path: str, key: str = "BACKBONE.WEIGHTS") -> None:
     """Refuse weights whose normalisation the configured ``BACKBONE.NORM`` cannot use."""
     kind = norm_kind(n for n in names if BACKBONE_VARIABLE.match(n))
     if norm not in NORMS_FOR_KIND[kind]:
         fits = " or ".join(NORMS_FOR_KIND[kind])
         raise WeightsError(
-            f"BACKBONE.WEIGHTS {path} holds a backbone trained with {kind}, which fits BACKBONE.NORM={fits}, "
+            f"{key} {path} holds a backbone trained with {kind}, which fits BACKBONE.NORM={fits}, "
             f"not BACKBONE.NORM={norm}: it would drop or misuse its normalisation parameters and train a damaged "
             f"network. Set BACKBONE.NORM={NORMS_FOR_KIND[kind][0]}, or for {norm} use {WEIGHTS_FOR_NORM[norm]}.")
 
@@ -121,6 +151,11 @@ def plan_restore(file_shapes: dict[str, tuple], model_shapes: dict[str, tuple], 
     backbone variable of the model is missing or misshapen in the file, or a backbone entry of the
     file has no variable in the model. ``file_shapes`` is keyed by op name (:func:`npz_shapes`)."""
     check_has_backbone(file_shapes, path=path)
+    heads = sorted(n for n in file_shapes if n.split("/")[0] in HEAD_SCOPES)
+    if heads:  # restoring its backbone alone would throw its trained heads away without a word
+        raise WeightsError(f"BACKBONE.WEIGHTS {path} is a whole detector ({heads[0]!r} and {len(heads) - 1} more head "
+                           f"variables), not backbone weights: to fine-tune from it set TRAIN.LOAD_MODEL={path} "
+                           f"and BACKBONE.WEIGHTS=''")
     check_norm(file_shapes, norm=norm, path=path)
     model_backbone = {n: s for n, s in model_shapes.items() if BACKBONE_VARIABLE.match(n)}
     missing = sorted(n for n in model_backbone if n not in file_shapes)
@@ -230,3 +265,215 @@ def strict_backbone_init(path: str, *, norm: str):
                 print(f"not loaded from {path} (not backbone variables): {', '.join(self.ignored)}", flush=True)
 
     return StrictBackboneInit()
+
+
+# ------------------------------------------------------------------ fine-tuning from a whole model
+def is_model_variable(name: str, trainable: bool) -> bool:
+    """Whether a graph variable is part of the model (what a weights file holds): the trainable
+    ones and the backbone's others (frozen stages, BatchNorm statistics); not the global step,
+    optimizer slots or summaries' moving averages."""
+    return trainable or bool(BACKBONE_VARIABLE.match(name))
+
+
+def num_categories(shapes: dict[str, tuple]) -> int | None:
+    """Categories (background excluded) that a set of variables classifies, from the class
+    logits' bias; None when it has none."""
+    for name in CLASS_LOGITS_BIAS:
+        if name in shapes:
+            return int(shapes[name][0]) - 1
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class FinetunePlan:
+    restore: list[str]      # restored from the file
+    reinit: list[str]       # class-specific, left as initialised: the file has another class count
+    file_categories: int | None
+    model_categories: int | None
+
+    def summary(self) -> str:
+        return (f"restored {len(self.restore)} of {len(self.restore) + len(self.reinit)} variables; "
+                f"re-initialised {len(self.reinit)} class-specific ones")
+
+
+def plan_finetune(file_shapes: dict[str, tuple], model_shapes: dict[str, tuple], *, path: str,
+                  every_entry_is_a_variable: bool, key: str = "TRAIN.LOAD_MODEL") -> FinetunePlan:
+    """Which model variables the model file ``path`` restores, or :class:`WeightsError`.
+
+    ``file_shapes``: the file's entries by op name; ``model_shapes``: the model's variables
+    (:func:`is_model_variable`). Every model variable must be in the file with its shape, except
+    the :data:`CLASS_SPECIFIC` ones when the file classifies another number of categories (then
+    only their class axis may differ, and they keep their initial values). With
+    ``every_entry_is_a_variable`` (an ``.npz``: it holds model variables only) every entry of the
+    file must be used too; a checkpoint also holds optimizer state, which is not."""
+    file_shapes = {n: tuple(s) for n, s in file_shapes.items() if n not in NOT_RESTORED}
+    file_categories, model_categories = num_categories(file_shapes), num_categories(model_shapes)
+    other_classes = None not in (file_categories, model_categories) and file_categories != model_categories
+    missing = sorted(n for n in model_shapes if n not in file_shapes)
+    if missing:
+        raise WeightsError(f"{key} {path} has no {missing[0]!r}"
+                           + (f" (nor {len(missing) - 1} more variables of this model)" if len(missing) > 1 else "")
+                           + f": it is not a model of this architecture; set {ARCHITECTURE_KEYS} as the file was "
+                           f"trained; {FITS_DEFAULTS}")
+    restore, reinit = [], []
+    for name, shape in sorted(model_shapes.items()):
+        shape, in_file = tuple(shape), file_shapes[name]
+        if other_classes and CLASS_SPECIFIC.match(name) and in_file[:-1] == shape[:-1]:
+            reinit.append(name)   # only the class axis (the last) differs
+            continue
+        if in_file != shape:
+            scope = name.split("/")[0]
+            keys = SHAPE_KEYS.get(scope, BACKBONE_SHAPE_KEYS)
+            raise WeightsError(f"{key} {path}: {name!r} has shape {in_file} in the file but {shape} in the model: set "
+                               f"{keys} as the file was trained; {FITS_DEFAULTS}")
+        restore.append(name)
+    unused = sorted(n for n in file_shapes if n not in model_shapes)
+    if every_entry_is_a_variable and unused:
+        raise WeightsError(f"{key} {path} has {unused[0]!r}"
+                           + (f" and {len(unused) - 1} more entries" if len(unused) > 1 else "")
+                           + f" that this model has no variable for, and would drop them: set {ARCHITECTURE_KEYS} "
+                           f"as the file was trained; {FITS_DEFAULTS}")
+    return FinetunePlan(restore, reinit, file_categories, model_categories)
+
+
+def model_file_shapes(path: str) -> dict[str, tuple]:
+    """Shapes by op name of an ``.npz`` (its .npy headers) or a checkpoint (its index)."""
+    if path.endswith(".npz"):
+        return npz_shapes(path)
+    from training.compat import tf
+    return {name: tuple(shape) for name, shape in tf.train.list_variables(path)}
+
+
+def read_model_file(path: str, names) -> dict[str, np.ndarray]:
+    if path.endswith(".npz"):
+        return read_npz(path, names)
+    from training.compat import tf
+    reader = tf.train.load_checkpoint(path)
+    return {name: reader.get_tensor(name) for name in names}
+
+
+def model_variable_shapes(cfg) -> dict[str, tuple]:
+    """Names and shapes of the model variables (:func:`is_model_variable`) that ``MaskRCNN(cfg)``
+    builds, from the finalized config alone: the check before training compares a model file
+    with them before any graph exists. tests/training/test_finetune.py holds them equal to the
+    built graph's."""
+    b, fpn = cfg.BACKBONE, cfg.FPN
+    out = backbone_variable_shapes(num_blocks=b.RESNET_NUM_BLOCKS, width=b.WIDTH, block=b.BLOCK, norm=b.NORM)
+    mult = 4 if b.BLOCK == "bottleneck" else 1
+    stage_channels = [b.WIDTH * 2 ** s * mult for s in range(4)]
+    categories = cfg.DATA.NUM_CATEGORY
+    ratios = len(cfg.RPN.ANCHOR_RATIOS)
+
+    def conv(name, k, cin, cout, *, norm="None"):
+        out[f"{name}/W"] = (k, k, cin, cout)
+        if norm == "GN":
+            out.update({f"{name}/gn/gamma": (cout,), f"{name}/gn/beta": (cout,)})
+        else:
+            out[f"{name}/b"] = (cout,)
+
+    def fc(name, cin, cout):
+        out.update({f"{name}/W": (cin, cout), f"{name}/b": (cout,)})
+
+    if cfg.MODE_FPN:
+        c = fpn.NUM_CHANNEL
+        for i, cin in enumerate(stage_channels):
+            conv(f"fpn/lateral_1x1_c{i + 2}", 1, cin, c, norm=fpn.NORM)
+        for i in range(4):
+            conv(f"fpn/posthoc_3x3_p{i + 2}", 3, c, c, norm=fpn.NORM)
+        conv("rpn/conv0", 3, c, c)
+        conv("rpn/class", 1, c, ratios)
+        conv("rpn/box", 1, c, 4 * ratios)
+        pooled = cfg.FRCNN.POOLED_SIZE ** 2
+        if fpn.FRCNN_HEAD_FUNC == "fastrcnn_2fc_head":
+            fc("fastrcnn/fc6", c * pooled, fpn.FRCNN_FC_HEAD_DIM)
+            fc("fastrcnn/fc7", fpn.FRCNN_FC_HEAD_DIM, fpn.FRCNN_FC_HEAD_DIM)
+        else:
+            cin = c
+            for i in range(4):
+                conv(f"fastrcnn/conv{i}", 3, cin, fpn.FRCNN_CONV_HEAD_DIM,
+                     norm="GN" if fpn.FRCNN_HEAD_FUNC.endswith("gn_head") else "None")
+                cin = fpn.FRCNN_CONV_HEAD_DIM
+            fc("fastrcnn/fc", cin * pooled, fpn.FRCNN_FC_HEAD_DIM)
+        fc("fastrcnn/outputs/class", fpn.FRCNN_FC_HEAD_DIM, categories + 1)
+        fc("fastrcnn/outputs/box", fpn.FRCNN_FC_HEAD_DIM, (categories + 1) * 4)
+        if cfg.MODE_MASK:
+            cin = c
+            for i in range(cfg.MRCNN.NUM_CONV):
+                conv(f"maskrcnn/fcn{i}", 3, cin, cfg.MRCNN.HEAD_DIM,
+                     norm="GN" if fpn.MRCNN_HEAD_FUNC.endswith("gn_head") else "None")
+                cin = cfg.MRCNN.HEAD_DIM
+            out.update({"maskrcnn/deconv/W": (2, 2, cfg.MRCNN.HEAD_DIM, cin), "maskrcnn/deconv/b": (cfg.MRCNN.HEAD_DIM,)})
+            conv("maskrcnn/conv", 1, cfg.MRCNN.HEAD_DIM, categories)
+    else:  # C4: the RPN on res4, res5 (group3) as the box head
+        conv("rpn/conv0", 3, stage_channels[2], cfg.RPN.HEAD_DIM)
+        anchors = len(cfg.RPN.ANCHOR_SIZES) * ratios
+        conv("rpn/class", 1, cfg.RPN.HEAD_DIM, anchors)
+        conv("rpn/box", 1, cfg.RPN.HEAD_DIM, 4 * anchors)
+        fc("fastrcnn/class", stage_channels[3], categories + 1)
+        fc("fastrcnn/box", stage_channels[3], (categories + 1) * 4)
+        if cfg.MODE_MASK:
+            out.update({"maskrcnn/deconv/W": (2, 2, cfg.MRCNN.HEAD_DIM, stage_channels[3]),
+                        "maskrcnn/deconv/b": (cfg.MRCNN.HEAD_DIM,)})
+            conv("maskrcnn/conv", 1, cfg.MRCNN.HEAD_DIM, categories)
+    return out
+
+
+def check_model_file(path: str, cfg) -> FinetunePlan:
+    """Before building anything: the model file ``path`` (``TRAIN.LOAD_MODEL``) restores every
+    variable of the configured model (see :func:`plan_finetune`)."""
+    shapes = model_file_shapes(path)
+    if any(BACKBONE_VARIABLE.match(n) for n in shapes):
+        check_norm(shapes, norm=cfg.BACKBONE.NORM, path=path, key="TRAIN.LOAD_MODEL")
+    return plan_finetune(shapes, model_variable_shapes(cfg), path=path, every_entry_is_a_variable=path.endswith(".npz"))
+
+
+def strict_finetune_init(path: str):
+    """A tensorpack ``SessionInit`` that restores every model variable of the built graph from the
+    model file ``path`` (see :func:`plan_finetune`; the class-specific layers of another class
+    count keep their initial values), or raises :class:`WeightsError` before the session starts."""
+    from tensorpack.tfutils.sessinit import SessionInit
+
+    from training.compat import tf, tf1
+
+    class StrictFinetuneInit(SessionInit):
+        def _setup_graph(self):
+            trainable = {v.op.name for v in tf1.trainable_variables()}
+            variables = {v.op.name: v for v in tf1.global_variables() if is_model_variable(v.op.name, v.op.name in trainable)}
+            self.plan = plan_finetune(model_file_shapes(path), {n: tuple(v.shape) for n, v in variables.items()},
+                                      path=path, every_entry_is_a_variable=path.endswith(".npz"))
+            self._feeds, self._assigns = [], []
+            with tf.name_scope("model_weights"):
+                for name in self.plan.restore:
+                    var = variables[name]
+                    value = tf1.placeholder(var.dtype.base_dtype, var.shape)
+                    self._feeds.append((name, value))
+                    self._assigns.append(tf1.assign(var, value))
+
+        def _run_init(self, sess):
+            values = read_model_file(path, [name for name, _ in self._feeds])
+            sess.run(self._assigns, {ph: values[name] for name, ph in self._feeds})
+            print(self.plan.summary(), flush=True)
+            if self.plan.reinit:
+                print(f"the file classifies {self.plan.file_categories} categories, this model "
+                      f"{self.plan.model_categories}: re-initialised {', '.join(self.plan.reinit)}", flush=True)
+
+    return StrictFinetuneInit()
+
+
+def from_scratch_warning(cfg) -> str | None:
+    """A warning for a full-size run with neither backbone nor model weights, else None.
+
+    A standard ResNet on COCO-size images from random weights needs a far longer schedule than
+    the defaults (tensorpack's from-scratch R101-FPN model trained 9x, with GroupNorm throughout),
+    and FreezeBN freezes statistics that were never learned: such a run is usually a forgotten
+    setting, not a plan. Small CPU configs (narrow or basic-block nets, small images) train from
+    scratch by design."""
+    if cfg.BACKBONE.WEIGHTS or cfg.TRAIN.LOAD_MODEL:
+        return None
+    if cfg.BACKBONE.BLOCK != "bottleneck" or cfg.BACKBONE.WIDTH < 64 or max(cfg.PREPROC.TRAIN_SHORT_EDGE_SIZE) < 512:
+        return None
+    return ("warning: neither BACKBONE.WEIGHTS nor TRAIN.LOAD_MODEL is set: this full-size ResNet trains from "
+            "scratch, which needs a much longer schedule than LR_SCHEDULE "
+            f"{cfg.TRAIN.LR_SCHEDULE} (tensorpack's from-scratch model trained 9x with BACKBONE.NORM=GN and FPN.NORM=GN; "
+            "FreezeBN freezes statistics that were never learned). Set BACKBONE.WEIGHTS=ImageNet-R50-AlignPadding.npz "
+            "or TRAIN.LOAD_MODEL=COCO-R50FPN-MaskRCNN-Standard.npz (docs/training.md)")
