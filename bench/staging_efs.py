@@ -1,4 +1,4 @@
-"""S3 -> EFS staging throughput: `python -m launch.staging to-efs` (launch/staging/s3sync.py)
+"""S3 -> EFS staging throughput: `maskrcnn data to-efs` (launch/staging/s3sync.py)
 side by side with `aws s3 sync` (awscli, pinned in constraints.txt) on the same data and server.
 
 Both copy from a moto server on 127.0.0.1 into a fresh local directory (the EFS stand-in): a
@@ -230,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     import boto3
     import moto as moto_pkg
     result = {
-        "benchmark": "S3 -> EFS-like directory: python -m launch.staging to-efs vs aws s3 sync, moto on 127.0.0.1",
+        "benchmark": "S3 -> EFS-like directory: maskrcnn data to-efs vs aws s3 sync, moto on 127.0.0.1",
         "time_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
                     "load_average_1_5_15_before": [round(x, 2) for x in load_before],

@@ -2,7 +2,7 @@
 construct is created.
 
 A deployment's values live in its settings file (infra/settings.py: `settings.json`, written by
-`python -m infra.settings set key=value`), over the defaults here; `cdk ... -c key=value` overrides
+`maskrcnn settings set key=value`), over the defaults here; `cdk ... -c key=value` overrides
 either for one command. Values from the file arrive typed (numbers, booleans, null), values from
 `-c` arrive as strings, so every parser accepts both. A bad value raises ConfigError naming the key
 and what is allowed; app.py turns that into a one-line message and a non-zero exit instead of a
@@ -73,7 +73,7 @@ class Setting:
     help: str
 
 
-# Every setting, its default and what it means: the one source of `python -m infra.settings show`,
+# Every setting, its default and what it means: the one source of `maskrcnn settings show`,
 # docs/infra.md's table (a test keeps them equal) and AppConfig.from_context's defaults.
 SETTINGS: dict[str, Setting] = {
     "instance_type": Setting('g5.48xlarge', (

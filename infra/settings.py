@@ -6,9 +6,9 @@ any stack reads it, so a later command cannot fall back to defaults the user nev
 worker group shrinking to one node, an EFS created anew, FSx deleted under mounted nodes).
 `-c key=value` still overrides a setting for one command, and says so on stderr.
 
-    python -m infra.settings show [--json]            every setting, its value and where it came from
-    python -m infra.settings set worker_count=3 efa=true
-    python -m infra.settings unset ssh_cidr key_pair_name
+    maskrcnn settings show [--json]            every setting, its value and where it came from
+    maskrcnn settings set worker_count=3 efa=true
+    maskrcnn settings unset ssh_cidr key_pair_name
 
 `set` validates the whole resulting configuration before it writes anything, and writes the file
 atomically. The file is ignored by git (each checkout is one deployment); a team that keeps its
@@ -48,7 +48,7 @@ class Resolved:
     def override_notes(self) -> list[str]:
         """One line per `-c` override, for stderr: what it replaces, and how to keep it."""
         return [f"note: -c {key}={value} overrides the {origin}'s {json.dumps(replaced)} for this "
-                f"command only; keep it with `python -m infra.settings set {key}={value}`"
+                f"command only; keep it with `maskrcnn settings set {key}={value}`"
                 for key, (value, replaced, origin) in self.overrides.items()]
 
 
@@ -71,7 +71,7 @@ def read_file(path: Path | None) -> dict[str, Any]:
         values = json.loads(text)
     except json.JSONDecodeError as error:
         raise ConfigError(f"settings file {path} is not valid JSON ({error}); fix or delete it "
-                          "(`python -m infra.settings show` lists the settings)") from None
+                          "(`maskrcnn settings show` lists the settings)") from None
     if not isinstance(values, dict):
         raise ConfigError(f"settings file {path} must hold one JSON object of setting: value")
     unknown = sorted(set(values) - set(SETTINGS))

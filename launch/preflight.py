@@ -1,6 +1,6 @@
 """Read-only checks of the account and region before `cdk deploy` creates anything.
 
-    python -m launch.preflight [--region us-east-1] [--settings-file PATH] [--json]
+    maskrcnn preflight [--region us-east-1] [--settings-file PATH] [--json]
 
 It reads the deployment's settings as the next `cdk deploy` would (infra/settings.py) and checks:
 
@@ -107,7 +107,7 @@ class Preflight:
 
     def settings_command(self, *assignments: str) -> str:
         file = f" --file {self.settings_file}" if self.settings_file and self.settings_file != DEFAULT_PATH else ""
-        return f"python -m infra.settings{file} set {' '.join(assignments)}"
+        return f"maskrcnn settings{file} set {' '.join(assignments)}"
 
     def cluster_zone(self) -> tuple[str, str]:
         """(zone, why that zone): the zone the cluster's nodes launch in."""

@@ -1,6 +1,6 @@
 """A smoke test of the whole project on your own AWS account, end to end, on small CPU instances.
 
-    python -m launch.smoke [--region us-east-1] [--yes] [--delete-data]      (or: make smoke-aws)
+    maskrcnn smoke-aws [--region us-east-1] [--yes] [--delete-data]      (or: make smoke-aws)
 
 It prints its plan with the expected cost and time, checks the account (read-only), asks before it
 creates anything, then runs these steps, and ALWAYS tears down what it deployed:
@@ -51,7 +51,7 @@ PRESET = "cpu_synthetic"
 CDK_BOOTSTRAP_PARAMETER = "/cdk-bootstrap/hnb659fds/version"
 EFS_MOUNT = "/efs"                  # on the cluster nodes (infra/userdata/cluster_node.sh)
 CONTAINER = "maskrcnn"              # the training container on every node
-JOB_COMMAND = "/usr/local/bin/maskrcnn-job"
+JOB_COMMAND = ("/usr/local/bin/maskrcnn", "job")
 
 # A runner executes one command line (argv, environment) and returns its exit status: the one
 # boundary to the CDK CLI and Docker, replaceable by tests.
@@ -403,7 +403,7 @@ class Smoke:
 
     def cluster_script(self) -> str:
         log = f"{EFS_MOUNT}/logs/smoke/{self.cluster_run}.log"
-        train = [JOB_COMMAND, "submit", "--wait", "--run-name", self.cluster_run, "--data-dir",
+        train = [*JOB_COMMAND, "submit", "--wait", "--run-name", self.cluster_run, "--data-dir",
                  self.efs_data_dir, "--max-attempts", "1", *_preset().OVERRIDES]
         # The whole log stays on EFS; SSM keeps only the first 24,000 characters of the output.
         return (f"{shlex.join(train)} > {log} 2>&1\nrc=$?\ntail -n 30 {log}\n"

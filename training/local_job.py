@@ -29,7 +29,8 @@ TARGET_MINUTES = 15
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="maskrcnn demo", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", default=str(REPO_ROOT / "data" / "synthetic"), help="dataset dir (created if missing)")
     p.add_argument("--logdir", default="", help="default: runs/local-<UTC time>")
     p.add_argument("--np", type=int, default=2, help="Horovod processes")

@@ -1,8 +1,8 @@
 """Predict with a trained checkpoint: COCO-format results (boxes, scores, RLE masks) and/or pictures.
 
-    python -m training.predict --checkpoint train_log/run1 --split val2017 --output results.json [--evaluate]
-    python -m training.predict --checkpoint train_log/run1/model-2500 --images photos/ --output results.json
-    python -m training.predict --checkpoint train_log/run1 --images photos/ --draw drawn/ --score-threshold 0.5
+    maskrcnn predict --checkpoint train_log/run1 --split val2017 --output results.json [--evaluate]
+    maskrcnn predict --checkpoint train_log/run1/model-2500 --images photos/ --output results.json
+    maskrcnn predict --checkpoint train_log/run1 --images photos/ --draw drawn/ --score-threshold 0.5
 
 --checkpoint is a log dir (its latest checkpoint) or a checkpoint prefix; the run's config.json
 next to it rebuilds the model. With --split the image ids and category ids are the dataset's;
@@ -28,7 +28,8 @@ DRAW_SCORE_THRESHOLD = 0.5
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="maskrcnn predict", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--checkpoint", required=True, help="log dir or checkpoint prefix (model-STEP)")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--images", help="a folder of images")

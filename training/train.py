@@ -26,7 +26,8 @@ from training.compat import tf, tf1, use_graph_mode
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="maskrcnn train", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--logdir", required=True, help="checkpoints, events, logs; resumed from when it has a checkpoint")
     p.add_argument("--config", nargs="*", default=[], metavar="KEY=VALUE",
                    help="config overrides (see training/config.py), values as Python literals")
@@ -195,7 +196,7 @@ def main(argv=None) -> int:
             print(warning, flush=True)
         if val_split is None:
             print("DATA.VAL is empty: this run does not evaluate (evaluate a checkpoint later with "
-                  "python -m training.predict --split S --evaluate)", flush=True)
+                  "maskrcnn predict --split S --evaluate)", flush=True)
 
     if ckpt:
         session_init = SmartInit(ckpt)

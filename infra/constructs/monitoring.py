@@ -274,7 +274,7 @@ class SageMakerMonitoring(Construct):
             message=events.RuleTargetInput.from_text(
                 f"SageMaker training job {detail('$.detail.TrainingJobName')}: "
                 f"{detail('$.detail.TrainingJobStatus')}. {detail('$.detail.FailureReason')} "
-                "python -m launch.sagemaker.launcher describe <job> shows the reason, final metrics and "
+                "maskrcnn sagemaker describe <job> shows the reason, final metrics and "
                 "cost; a failed or stopped job continues from its checkpoints with --run-name <its run>."))
 
         ns, host = m.SAGEMAKER_NAMESPACE, m.SAGEMAKER_HOST_DIMENSION

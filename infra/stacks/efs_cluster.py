@@ -86,7 +86,7 @@ class EfsClusterStack(Stack):
         CfnOutput(self, outputs.CONNECT_COMMAND, value=connect,
                   description="Opens a shell on the master")
         CfnOutput(self, outputs.CLUSTER_AMI_ID, value=machine_image.get_image(self).image_id,
-                  description="AMI of the cluster nodes; pin it (python -m infra.settings set "
+                  description="AMI of the cluster nodes; pin it (maskrcnn settings set "
                               "ami_id=...) so that replacement nodes run the same drivers")
         CfnOutput(self, outputs.MASTER_ASG_NAME, value=self.cluster.master_group_name)
         CfnOutput(self, outputs.WORKER_ASG_NAME, value=self.cluster.worker_group_name)

@@ -17,8 +17,8 @@
 #                                       daemons), restarted by Docker after a reboot, once /efs
 #                                       is mounted again
 #   /etc/maskrcnn/munge.key             Slurm's authentication key (from Secrets Manager)
-#   /usr/local/bin/maskrcnn-job         training runs as Slurm jobs: submit, status, logs, stop,
-#                                       list (maskrcnn-train: submit)
+#   /usr/local/bin/maskrcnn             the project's command in the container (`maskrcnn job`:
+#                                       training runs as Slurm jobs: submit, status, logs, stop, list)
 #   maskrcnn-idle.timer                 on the master, unless IDLE_SCALEDOWN_MINUTES is 0: every
 #                                       minute the idle check, which scales idle workers to 0
 if ! declare -F boot_failed >/dev/null; then
@@ -333,18 +333,13 @@ start_container() {
 }
 
 install_train_command() {
-  cat > /usr/local/bin/maskrcnn-job <<'WRAPPER'
+  cat > /usr/local/bin/maskrcnn <<'WRAPPER'
 #!/bin/bash
-# Training runs as Slurm jobs (launch/cluster/jobs.py in the maskrcnn container):
-#   maskrcnn-job submit [--run-name NAME] [--resume] [KEY=VALUE ...] | status | logs | stop | list
-exec docker exec -i maskrcnn maskrcnn-entrypoint job "$@"
+# The project's command (launch/cli.py) in the maskrcnn container, e.g. training runs as Slurm jobs:
+#   maskrcnn job submit [--run-name NAME] [--resume] [KEY=VALUE ...] | status | logs | stop | list
+exec docker exec -i maskrcnn maskrcnn-entrypoint maskrcnn "$@"
 WRAPPER
-  cat > /usr/local/bin/maskrcnn-train <<'WRAPPER'
-#!/bin/bash
-# Queues a new training run on every cluster node: maskrcnn-job submit [KEY=VALUE ...]
-exec docker exec -i maskrcnn maskrcnn-entrypoint job submit "$@"
-WRAPPER
-  chmod 0755 /usr/local/bin/maskrcnn-job /usr/local/bin/maskrcnn-train
+  chmod 0755 /usr/local/bin/maskrcnn
 }
 
 install_idle_check() {  # master: idle workers scale to zero (launch/cluster/idle.py, docs/infra.md)

@@ -1,8 +1,8 @@
 """Pause the EC2 cluster between runs and resume it, from your own machine:
 
-    python -m launch.cluster.capacity status [--json]
-    python -m launch.cluster.capacity pause
-    python -m launch.cluster.capacity resume [--wait]
+    maskrcnn cluster status [--json]
+    maskrcnn cluster pause
+    maskrcnn cluster resume [--wait]
     (each takes --region R, and --name-prefix P or --stack NAME to name the deployment)
 
 ``pause`` sets the desired capacity of the master and the worker group to 0: every node
@@ -260,7 +260,7 @@ def main(argv: list[str] | None = None, *, clock=time.monotonic, sleep=time.slee
                 print(f"{g.role} group {g.name}: desired {g.desired} -> {new}")
             print(f"{stack_name} paused: {'its nodes terminate now' if changed else 'it was already'}; "
                   f"EFS, the bucket, the image and the settings are kept. "
-                  f"`python -m launch.cluster.capacity resume` starts the nodes again.")
+                  f"`maskrcnn cluster resume` starts the nodes again.")
             return 0
         _warn_launch_suspended(groups)
         changed = resume(session, groups)

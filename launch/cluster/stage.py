@@ -122,7 +122,7 @@ def dataset_problem(data_dir: str, overrides: list[str]) -> str | None:
             for entry in cfg.get(key):
                 splits.resolve(cfg.DATA.BASEDIR, entry)
     except (ConfigError, splits.DatasetError) as err:
-        return (f"{err} (stage the dataset first: python -m launch.staging upload/to-efs; or pass --data-dir, "
+        return (f"{err} (stage the dataset first: maskrcnn data upload/to-efs; or pass --data-dir, "
                 f"or DATA.TRAIN / DATA.VAL naming what is there)")
     return None
 

@@ -1,9 +1,9 @@
 """Start, describe, stop and follow SageMaker training jobs of the Mask R-CNN image.
 
-    python -m launch.sagemaker.launcher start [--instance-count 4] [--spot] [-H mode_mask=True ...] [--dry-run]
-    python -m launch.sagemaker.launcher describe JOB
-    python -m launch.sagemaker.launcher stop JOB
-    python -m launch.sagemaker.launcher logs JOB
+    maskrcnn sagemaker start [--instance-count 4] [--spot] [-H mode_mask=True ...] [--dry-run]
+    maskrcnn sagemaker describe JOB
+    maskrcnn sagemaker stop JOB
+    maskrcnn sagemaker logs JOB
 
 Everything the job needs from the deployment is read from SageMakerStack's CloudFormation outputs
 (names in infra/outputs.py): the image, the role, the EFS file system, the private subnets and the
@@ -40,7 +40,7 @@ from launch.aws import (LaunchError, make_session, require_output, stack_outputs
 from launch.run_names import check_run_name, new_run_name
 
 DEFAULT_INSTANCE_TYPE = "ml.p4d.24xlarge"
-TRAIN_CHANNEL_PATH = "/data/coco"     # on the EFS file system; `python -m launch.staging to-efs` fills it
+TRAIN_CHANNEL_PATH = "/data/coco"     # on the EFS file system; `maskrcnn data to-efs` fills it
 LOG_CHANNEL_PATH = "/logs"
 # On the FSx for Lustre file system, below its mount name: s3://<bucket>/data/coco appears as /coco.
 LUSTRE_TRAIN_PATH = f"/{outputs.LUSTRE_COCO_DIR}"
@@ -199,7 +199,7 @@ def _lustre_train_channel(stack: dict[str, str], spec: JobSpec, source_type):
     names = (outputs.LUSTRE_FILE_SYSTEM_ID, outputs.LUSTRE_MOUNT_NAME, outputs.LUSTRE_SUBNET_ID)
     if not all(stack.get(name) for name in names):
         raise LaunchError(f"--fsx: {spec.stack} has no FSx for Lustre file system (outputs "
-                          f"{', '.join(names)}); `python -m infra.settings set fsx_lustre_storage_gib=1200` "
+                          f"{', '.join(names)}); `maskrcnn settings set fsx_lustre_storage_gib=1200` "
                           f"(or a multiple of 2400) and deploy, or leave out --fsx to read from EFS")
     fs_id, mount_name, subnet = (stack[name] for name in names)
     if not fs_id.startswith("fs-") or not subnet.startswith("subnet-"):
@@ -379,8 +379,8 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 run = request["Environment"][RUN_NAME_ENV]
                 print(f"started {request['TrainingJobName']}, run {run} (checkpoints in <log channel>/{run} on EFS)\n"
-                      f"  follow:   python -m launch.sagemaker.launcher logs {request['TrainingJobName']}\n"
-                      f"  continue: python -m launch.sagemaker.launcher start --run-name {run} --resume ...")
+                      f"  follow:   maskrcnn sagemaker logs {request['TrainingJobName']}\n"
+                      f"  continue: maskrcnn sagemaker start --run-name {run} --resume ...")
             if a.wait and not a.dry_run:   # the job has ended: its status and cost
                 described = describe_job(request["TrainingJobName"], session)
                 print(f"{request['TrainingJobName']}: {described.get('TrainingJobStatus')}")

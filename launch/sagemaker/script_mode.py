@@ -257,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.dry_run:
         print(json.dumps(result, indent=2, default=str))
     else:
-        print(f"started {result['TrainingJobName']}\n  follow: python -m launch.sagemaker.launcher "
+        print(f"started {result['TrainingJobName']}\n  follow: maskrcnn sagemaker "
               f"logs {result['TrainingJobName']}")
     return 0
 

@@ -1,13 +1,13 @@
 """Data staging commands (what prepare-s3-bucket.sh and prepare-efs.sh did)::
 
-    python -m launch.staging download --stage-dir /data/stage          # COCO 2017 + weights, verified
-    python -m launch.staging upload   --stage-dir /data/stage          # -> s3://<stack bucket>/data/coco/
-    python -m launch.staging to-efs   --efs-dir /efs/data/coco         # s3://<stack bucket>/data/coco/ -> EFS
+    maskrcnn data download --stage-dir /data/stage          # COCO 2017 + weights, verified
+    maskrcnn data upload   --stage-dir /data/stage          # -> s3://<stack bucket>/data/coco/
+    maskrcnn data to-efs   --efs-dir /efs/data/coco         # s3://<stack bucket>/data/coco/ -> EFS
 
 Your own dataset, a folder of any layout, under a name of its own (never COCO's ``coco``)::
 
-    python -m launch.staging upload --dataset-dir ./mine --name mine   # -> s3://<stack bucket>/data/mine/
-    python -m launch.staging to-efs --name mine                        # -> /efs/data/mine
+    maskrcnn data upload --dataset-dir ./mine --name mine   # -> s3://<stack bucket>/data/mine/
+    maskrcnn data to-efs --name mine                        # -> /efs/data/mine
 
 FSx for Lustre, where the stacks have it, shows ``s3://<bucket>/data/<name>/`` as ``/fsx/<name>``.
 ``upload`` and ``to-efs`` read the bucket from the stack's BucketName output (``--stack``), or take
@@ -64,7 +64,7 @@ def upload_source(args) -> tuple[Path, str]:
                           f"own, e.g. --name my-parts")
     if next(folder.rglob("*.json"), None) is None:
         raise LaunchError(f"{folder} holds no .json annotation file: is it the dataset's folder? "
-                          f"(check it first: python -m training.data.check --annotations F --images D)")
+                          f"(check it first: maskrcnn check-data --annotations F --images D)")
     return folder, _prefix(argparse.Namespace(prefix=args.prefix, name=name), COCO_NAME)
 
 
@@ -85,7 +85,7 @@ def _bucket(args, session) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m launch.staging", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="maskrcnn data", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
 
     d = sub.add_parser("download", help="download, verify and extract COCO 2017 and the pretrained weights")

@@ -84,7 +84,7 @@ def upload_tree(session: boto3.session.Session, local_dir: str | Path, bucket: s
     """Upload every file under ``local_dir`` to ``s3://bucket/prefix/<relative path>``."""
     local_dir = Path(local_dir)
     if not local_dir.is_dir():
-        raise StagingError(f"{local_dir} is not a directory: stage the data first (python -m launch.staging download)")
+        raise StagingError(f"{local_dir} is not a directory: stage the data first (maskrcnn data download)")
     client = client or session.client("s3")
     _check_bucket(client, bucket)
     files = sorted(p for p in local_dir.rglob("*") if p.is_file())
@@ -200,7 +200,7 @@ def copy_to_local(session: boto3.session.Session, bucket: str, prefix: str, dest
     for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=f"{root}/" if root else ""):
         objects += [o for o in page.get("Contents", []) if not o["Key"].endswith("/")]
     if not objects:
-        raise StagingError(f"nothing under s3://{bucket}/{root}: upload the data first (python -m launch.staging upload)")
+        raise StagingError(f"nothing under s3://{bucket}/{root}: upload the data first (maskrcnn data upload)")
     report = SyncReport()
     existing = _existing_sizes(dest)
     todo = []

@@ -297,9 +297,8 @@ def test_master_and_worker_boot_into_the_node_contract(aws_env, default_synth, t
             f"docker run -d --name maskrcnn --restart unless-stopped --gpus all {nvme_volume}"
             f"--network host --ipc host --cap-add SYSLOG -v {efs}:{efs}:rslave -v /etc/maskrcnn:/etc/maskrcnn:ro "
             f"{image} cluster-node"]
-        assert "docker exec -i maskrcnn maskrcnn-entrypoint job submit" in (
-            node["root"] / "bin" / "maskrcnn-train").read_text()
-        assert "docker exec -i maskrcnn maskrcnn-entrypoint job " in (node["root"] / "bin" / "maskrcnn-job").read_text()
+        assert 'exec docker exec -i maskrcnn maskrcnn-entrypoint maskrcnn "$@"' in (
+            node["root"] / "bin" / "maskrcnn").read_text()
         # The idle check (idle_scaledown_minutes, 30 by default): a timer on the master only.
         timer = node["root"] / "etc" / "systemd" / "system" / "maskrcnn-idle.timer"
         assert timer.exists() == (node is master)

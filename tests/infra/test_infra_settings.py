@@ -1,4 +1,4 @@
-"""The settings file and its command (infra/settings.py), run for real: `python -m infra.settings`
+"""The settings file and its command (infra/settings.py), run for real: `maskrcnn settings`
 as a user types it, and app.py as the CDK CLI runs it (settings in CDK_CONTEXT_JSON)."""
 from __future__ import annotations
 
@@ -81,7 +81,7 @@ def test_cdk_reads_the_settings_file_and_a_dash_c_flag_overrides_it_for_one_comm
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr
     assert ("note: -c worker_count=2 overrides the settings file's 3 for this command only; "
-            "keep it with `python -m infra.settings set worker_count=2`") in result.stderr
+            "keep it with `maskrcnn settings set worker_count=2`") in result.stderr
     template = json.loads((tmp_path / "cdk.out" / "EfsClusterStack.template.json").read_text())
     sizes = sorted(r["Properties"]["MaxSize"] for r in template["Resources"].values()
                    if r["Type"] == "AWS::AutoScaling::AutoScalingGroup")

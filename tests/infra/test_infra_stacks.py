@@ -568,8 +568,8 @@ def test_user_data_writes_the_node_contract(default_synth, prefix, role):
                      '-v /etc/maskrcnn:/etc/maskrcnn:ro', "cluster-node", "nvidia-smi -L",
                      "/etc/maskrcnn/hostfile", "secretsmanager",
                      "nfsvers=4.1,rsize=1048576,wsize=1048576,hard,timeo=600,retrans=2",
-                     "/etc/fstab", "/usr/local/bin/maskrcnn-job",
-                     "maskrcnn-entrypoint job", "MUNGE_KEY_SECRET_NAME", "/etc/maskrcnn/munge.key"):
+                     "/etc/fstab", "/usr/local/bin/maskrcnn",
+                     "maskrcnn-entrypoint maskrcnn", "MUNGE_KEY_SECRET_NAME", "/etc/maskrcnn/munge.key"):
         assert fragment in text, fragment
     assert "aws ecr get-login " not in text and "ForwardAgent" not in text
 

@@ -108,7 +108,7 @@ def test_type_not_offered_in_the_cluster_zone_names_the_zones_that_offer_it(aws_
     assert zone.message.startswith("p4d.24xlarge is not offered in us-east-1e (cluster_availability_zone)")
     assert "offer it: us-east-1a, us-east-1b, us-east-1c, us-east-1d" in zone.message
     # One of the VPC's zones offers it: only the cluster's zone needs to move.
-    assert "`python -m infra.settings set cluster_availability_zone=us-east-1a`" in zone.message
+    assert "`maskrcnn settings set cluster_availability_zone=us-east-1a`" in zone.message
     assert all(r.ok for name, r in results.items() if name != "zone")
 
 
@@ -116,7 +116,7 @@ def test_no_vpc_zone_offers_the_type_suggests_two_that_do(aws_env):
     zone = checks(p4d(availability_zones="us-east-1e,us-east-1f"), Replay(QUOTAS))["zone"]
 
     assert not zone.ok and "not offered in us-east-1e (the first of availability_zones)" in zone.message
-    assert ("python -m infra.settings set availability_zones=us-east-1a,us-east-1b "
+    assert ("maskrcnn settings set availability_zones=us-east-1a,us-east-1b "
             "cluster_availability_zone=us-east-1a") in zone.message
 
 
@@ -215,7 +215,7 @@ def test_spot_workers_over_the_spot_quota_fail_naming_it(aws_env):
     assert f"Service Quotas console (Amazon EC2, \"{P_SPOT_NAME}\")" in vcpu.message
     assert (f"aws service-quotas request-service-quota-increase --service-code ec2 --quota-code {P_SPOT_QUOTA} "
             "--desired-value 288 --region us-east-1") in vcpu.message
-    assert ("lower worker_count, or set worker_spot=false (`python -m infra.settings set worker_spot=false`)"
+    assert ("lower worker_count, or set worker_spot=false (`maskrcnn settings set worker_spot=false`)"
             in vcpu.message)
     # The master fits beside the On-Demand p4d: 192 - 96 = 96 available, 96 needed.
     assert vcpu.message.endswith(f" | {P_NAME} ({P_QUOTA}): 96 vCPUs needed for 1 x p4d.24xlarge (96 vCPUs each; "
@@ -462,7 +462,7 @@ def test_command_against_moto_with_a_settings_file(aws_env, tmp_path):
     assert lines[0] == "pre-flight of EfsClusterStack and its stacks in us-east-1: 2 x p4d.24xlarge"
     assert [line.split(":")[0] for line in lines[1:6]] == [
         "FAIL  zone", "PASS  vcpu-quota", "PASS  elastic-ip-quota", "PASS  capacity-reservation", "PASS  stacks"]
-    assert f"python -m infra.settings --file {settings} set cluster_availability_zone=us-east-1a" in lines[1]
+    assert f"maskrcnn settings --file {settings} set cluster_availability_zone=us-east-1a" in lines[1]
     assert lines[-1] == "4 of 5 checks passed; fix the 1 failed before `cdk deploy`"
 
     assert passed.returncode == 0, passed.stderr

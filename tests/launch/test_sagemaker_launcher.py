@@ -283,4 +283,4 @@ def test_fsx_without_a_lustre_file_system_says_how_to_get_one(sagemaker_env, cap
     deploy_stack(session)
     assert launcher.main(["start", "--fsx", "--dry-run"]) == 2
     err = capsys.readouterr().err
-    assert "has no FSx for Lustre file system" in err and "python -m infra.settings set fsx_lustre_storage_gib=1200" in err
+    assert "has no FSx for Lustre file system" in err and "maskrcnn settings set fsx_lustre_storage_gib=1200" in err

@@ -249,7 +249,7 @@ def test_whole_run_in_moto(sagemaker_env, tmp_path, capsys):
     assert "mkdir -p /efs/logs" in stage
     command = shlex.split(train.splitlines()[0])
     command = command[:command.index(">")]
-    assert command[:3] == ["/usr/local/bin/maskrcnn-job", "submit", "--wait"]
+    assert command[:4] == ["/usr/local/bin/maskrcnn", "job", "submit", "--wait"]
     assert command[command.index("--data-dir") + 1] == "/efs/data/maskrcnn-smoke"
     assert command[-len(cpu_synthetic.OVERRIDES):] == cpu_synthetic.OVERRIDES
     assert sent_commands[1]["Parameters"]["executionTimeout"] == [str(settings.job_timeout_s)]

@@ -1,4 +1,4 @@
-"""python -m training.data.check: a dataset with one of every defect, written by hand, is reported
+"""maskrcnn check-data: a dataset with one of every defect, written by hand, is reported
 kind by kind with the counts derived below; a synthetic dataset passes; samples are drawn."""
 from __future__ import annotations
 

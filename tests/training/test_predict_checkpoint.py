@@ -35,7 +35,7 @@ def test_log_dir_without_checkpoint_is_a_clear_error(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_predict_command_on_a_relative_log_dir_prints_no_grappler_warnings(tmp_path):
-    """`python -m training.predict --checkpoint runs/r1 ... --evaluate` as the README shows it: finds
+    """`maskrcnn predict --checkpoint runs/r1 ... --evaluate` as the README shows it: finds
     the checkpoint, writes results, prints the mAP table with the AP of each class, and stderr holds
     no cost-model warning per CropAndResize."""
     import json

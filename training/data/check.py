@@ -1,8 +1,8 @@
 """Check a COCO-format dataset against its images before training, and draw a few samples to look at.
 
-    python -m training.data.check --annotations labels/train.json --images photos/train
-    python -m training.data.check --basedir data/mine --split labels/train.json:photos/train --samples 8 --render-dir look/
-    python -m training.data.check --basedir data/coco --split val2017 --json
+    maskrcnn check-data --annotations labels/train.json --images photos/train
+    maskrcnn check-data --basedir data/mine --split labels/train.json:photos/train --samples 8 --render-dir look/
+    maskrcnn check-data --basedir data/coco --split val2017 --json
 
 Every image listed is opened the way the trainer opens it (``cv2.imread``), every annotation and
 category is looked at, and the problems are counted by kind with the first few offenders named.
@@ -419,7 +419,7 @@ def render_samples(image_dir: Path, images: list[dict], annotated: dict, categor
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m training.data.check", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="maskrcnn check-data", description=__doc__.splitlines()[0])
     p.add_argument("--annotations", help="the COCO instances JSON")
     p.add_argument("--images", help="the folder its file_name entries are relative to")
     p.add_argument("--basedir", help="instead: a data directory (DATA.BASEDIR) ...")

@@ -164,7 +164,7 @@ def load_splits(basedir: str | os.PathLike, splits, **kwargs) -> list[CocoSplit]
 
 def check_hint(ann_file: Path, image_dir: Path) -> str:
     """The command that lists every problem of a split (training/data/check.py)."""
-    return f"`python -m training.data.check --annotations {ann_file} --images {image_dir}` lists every problem"
+    return f"`maskrcnn check-data --annotations {ann_file} --images {image_dir}` lists every problem"
 
 
 class _BadAnnotation(ValueError):

@@ -25,8 +25,8 @@ per split and an image folder per split, named by the dataset rather than by COC
 
 Same arguments and seed give byte-identical annotation files and images. Commands::
 
-    python -m training.data.synthetic --output data/synthetic --train 1000 --val 100 --size 128 --seed 0
-    python -m training.data.synthetic --output data/tools --categories hexagon,star,cross --layout files
+    maskrcnn synthetic --output data/synthetic --train 1000 --val 100 --size 128 --seed 0
+    maskrcnn synthetic --output data/tools --categories hexagon,star,cross --layout files
 """
 from __future__ import annotations
 

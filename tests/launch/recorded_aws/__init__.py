@@ -7,7 +7,7 @@ reservation id, a group, a stack name) to response names, and answers them
 - in-process: a ``before-send`` hook on a boto3 session, for exactly the mapped requests; every
   other request goes on to the moto server;
 - out of process: an HTTP server on 127.0.0.1 for a service with an endpoint of its own (point
-  ``AWS_ENDPOINT_URL_<SERVICE>`` at it), e.g. for ``python -m launch.preflight`` in a subprocess.
+  ``AWS_ENDPOINT_URL_<SERVICE>`` at it), e.g. for ``maskrcnn preflight`` in a subprocess.
 
 Either way the recorded body goes through botocore's own parser for the service's protocol: EC2's
 and CloudFormation's bodies are sent as their XML, Service Quotas' and Resource Groups' as JSON.
