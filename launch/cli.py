@@ -16,10 +16,11 @@ PROG = "maskrcnn"
 
 @dataclasses.dataclass(frozen=True)
 class Command:
-    module: str         # runs as module.main(argv) -> exit status
+    module: str         # runs as module.main([*args, *argv]) -> exit status
     summary: str
     example: str
     group: str
+    args: tuple = ()
 
 
 # The order is the journey's: set up, data, train, look at results, serve.
@@ -49,7 +50,16 @@ COMMANDS: dict[str, Command] = {
                          "maskrcnn smoke-aws --region us-east-1", "train"),
     "predict": Command("training.predict", "detections of a checkpoint on images or a split, drawn on request, "
                        "and COCO evaluation", "maskrcnn predict --checkpoint runs/r1 --split val2017 "
-                       "--output results.json --evaluate", "results"),
+                       "--output results.json", "results"),
+    "evaluate": Command("training.predict", "COCO evaluation of a checkpoint on a split: the mAP table with "
+                        "the AP of each class", "maskrcnn evaluate --checkpoint runs/r1 --split val2017",
+                        "results", args=("--evaluate",)),
+    "export": Command("training.export", "a checkpoint as a TensorFlow SavedModel that takes image bytes",
+                      "maskrcnn export --checkpoint runs/r1 --output exported/r1", "serve"),
+    "serve": Command("launch.sagemaker.serve", "the model server of SageMaker's hosting contract (GET /ping, "
+                     "POST /invocations on port 8080)", "maskrcnn serve --model-dir exported/r1", "serve"),
+    "endpoint": Command("launch.sagemaker.endpoint", "a trained model as a SageMaker endpoint or batch transform "
+                        "job, and deleting it", "maskrcnn endpoint deploy --training-job JOB_NAME", "serve"),
 }
 
 
@@ -81,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     # argparse names the program after argv[0] where a module sets no prog of its own.
     sys.argv = [f"{PROG} {name}", *rest]
     try:
-        status = importlib.import_module(command.module).main(rest)
+        status = importlib.import_module(command.module).main([*command.args, *rest])
     except SystemExit as done:       # argparse's --help and usage errors end this way
         if done.code == 0 and ("-h" in rest or "--help" in rest):
             print(f"\nexample: {command.example}")

@@ -12,7 +12,7 @@ creates anything, then runs these steps, and ALWAYS tears down what it deployed:
             deployment's bucket
   stage     S3 -> EFS on the master (SSM Run Command: ``launch.staging to-efs`` in its container)
   train     a 2-instance SageMaker job (launcher, ml.m5.xlarge) and a 2-node cluster job
-            (``maskrcnn-job submit --wait`` on the master over SSM: a Slurm job), both with the cpu_synthetic preset, at once
+            (``maskrcnn job submit --wait`` on the master over SSM: a Slurm job), both with the cpu_synthetic preset, at once
   results   both runs' final COCO tables from EFS; bbox and segm mAP@0.5 must reach the CPU demo's
             target, and SageMaker's scraped metrics must agree with the table
   teardown  stop what still runs, ``cdk destroy`` of the three stacks; the retained EFS file system

@@ -28,7 +28,9 @@ DRAW_SCORE_THRESHOLD = 0.5
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(prog="maskrcnn predict", description=__doc__,
+    # `maskrcnn evaluate` is this command with --evaluate (launch/cli.py names argv[0] after it)
+    prog = sys.argv[0] if sys.argv[0] == "maskrcnn evaluate" else "maskrcnn predict"
+    p = argparse.ArgumentParser(prog=prog, description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--checkpoint", required=True, help="log dir or checkpoint prefix (model-STEP)")
     src = p.add_mutually_exclusive_group(required=True)
@@ -118,8 +120,8 @@ def build_predictor(cfg, checkpoint: str):
 
 def check_args(args) -> str | None:
     """The problem with the command line, if any (before anything is loaded or written)."""
-    if not args.output and not args.draw:
-        return "nothing to write: give --output FILE (results JSON) and/or --draw DIR (pictures)"
+    if not args.output and not args.draw and not args.evaluate:
+        return "nothing to do: give --output FILE (results JSON), --draw DIR (pictures) and/or --evaluate"
     if args.evaluate and not args.split:
         return "--evaluate needs --split (a folder of images has no ground truth)"
     if not 0.0 <= args.score_threshold <= 1.0:

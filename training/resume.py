@@ -6,7 +6,7 @@ schedule is one of images: the steps per epoch, LR boundaries and last step all 
 global batch (``config.finalize``). So a run continues at the step holding the images already
 seen: ``step = saved step x saved global batch // this global batch``; the LR then follows the
 linear scaling rule for the new global batch. A cluster job resumes on the node count it asked for
-(``maskrcnn-job submit --nodes``); a new job for the same run on another count, or a SageMaker job
+(``maskrcnn job submit --nodes``); a new job for the same run on another count, or a SageMaker job
 restarted on another instance count, resumes this way.
 
 Which global batch a checkpoint's step counts is read from the log dir's ``config.json``: the

@@ -127,7 +127,7 @@ class ClusterMonitoring(Construct):
             "RunFailed", m.RUN_FAILED, action, name="run-failed",
             description="A training run stopped on an error before the end of its schedule. Read the "
                         "error in <EFS>/logs/<run name>/log.log (log stream <master id>/training.log of "
-                        "the node log group); `maskrcnn-job submit --run-name <run name> --resume` continues "
+                        "the node log group); `maskrcnn job submit --run-name <run name> --resume` continues "
                         "from the latest checkpoint.")
         self.loss_not_finite = self._count_alarm(
             "LossNotFinite", m.LOSS_NOT_FINITE, action, name="loss-not-finite",

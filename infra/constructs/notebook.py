@@ -47,6 +47,9 @@ def on_start_script(*, file_system_id: str, region: str, project_code_url: str,
     return parts + [script_body(NOTEBOOK_ON_START_SCRIPT)]
 
 
+# What the notebook may create to serve a model (launch/sagemaker/endpoint.py).
+SERVING_RESOURCES = ("model", "endpoint-config", "endpoint", "transform-job")
+
 class Notebook(Construct):
     """A notebook instance whose role may run training jobs with `training_role` and nothing
     broader: create training jobs only in `training_subnets` with `training_security_group`,
@@ -97,6 +100,18 @@ class Notebook(Construct):
             actions=["sagemaker:DescribeTrainingJob", "sagemaker:StopTrainingJob",
                      "sagemaker:AddTags"],
             resources=[training_job_arn]))
+        # Serving a trained model (launch/sagemaker/endpoint.py): a model runs as the training role,
+        # the only role the notebook may pass.
+        serving_arns = [stack.format_arn(service="sagemaker", resource=kind, resource_name="*")
+                        for kind in SERVING_RESOURCES]
+        self.role.add_to_policy(iam.PolicyStatement(
+            sid="ServeModels",
+            actions=["sagemaker:CreateModel", "sagemaker:DescribeModel", "sagemaker:DeleteModel",
+                     "sagemaker:CreateEndpointConfig", "sagemaker:DescribeEndpointConfig",
+                     "sagemaker:DeleteEndpointConfig", "sagemaker:CreateEndpoint", "sagemaker:DescribeEndpoint",
+                     "sagemaker:DeleteEndpoint", "sagemaker:InvokeEndpoint", "sagemaker:CreateTransformJob",
+                     "sagemaker:DescribeTransformJob", "sagemaker:StopTransformJob", "sagemaker:AddTags"],
+            resources=serving_arns))
         self.role.add_to_policy(iam.PolicyStatement(
             # Search: whether a run name is taken (launch/sagemaker/launcher.py finds a run's jobs by tag).
             sid="ListTrainingJobs", actions=["sagemaker:ListTrainingJobs", "sagemaker:Search"], resources=["*"]))
@@ -122,6 +137,12 @@ class Notebook(Construct):
                        "<AWS::Region>:<AWS::AccountId>:training-job/*]",
             "The notebook creates training jobs whose names are chosen at launch; it can pass "
             "them only the training role.")
+        for kind in SERVING_RESOURCES:
+            acknowledge(
+                self.role, f"AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:sagemaker:<AWS::Region>:"
+                           f"<AWS::AccountId>:{kind}/*]",
+                "The notebook deploys trained models as endpoints and batch transform jobs named at "
+                "launch; they run as the training role, the only role it may pass.")
         acknowledge(
             self.role, "AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:logs:<AWS::Region>:"
                        "<AWS::AccountId>:log-group:/aws/sagemaker/TrainingJobs:log-stream:*]",

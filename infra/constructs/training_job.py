@@ -10,6 +10,8 @@ from infra.constructs.acknowledge import acknowledge
 from infra.constructs.network import allow_all_traffic_within
 
 TRAINING_LOG_GROUP = "/aws/sagemaker/TrainingJobs"
+ENDPOINT_LOG_GROUP_PATTERN = "/aws/sagemaker/Endpoints/*"     # one group per endpoint
+TRANSFORM_LOG_GROUP = "/aws/sagemaker/TransformJobs"
 TRAINING_METRICS_NAMESPACE = "/aws/sagemaker/TrainingJobs"
 
 
@@ -62,6 +64,16 @@ class TrainingJobAccess(Construct):
             actions=["logs:CreateLogGroup", "logs:CreateLogStream", "logs:PutLogEvents",
                      "logs:DescribeLogStreams"],
             resources=[log_group_arn, f"{log_group_arn}:log-stream:*"]))
+        # The same role runs the trained model (launch/sagemaker/endpoint.py): endpoints and batch
+        # transform jobs log to SageMaker's own groups for them.
+        serving_log_groups = [stack.format_arn(service="logs", resource="log-group", resource_name=name,
+                                               arn_format=ArnFormat.COLON_RESOURCE_NAME)
+                              for name in (ENDPOINT_LOG_GROUP_PATTERN, TRANSFORM_LOG_GROUP)]
+        self.role.add_to_policy(iam.PolicyStatement(
+            sid="WriteServingLogs",
+            actions=["logs:CreateLogGroup", "logs:CreateLogStream", "logs:PutLogEvents",
+                     "logs:DescribeLogStreams"],
+            resources=[*serving_log_groups, *(f"{arn}:log-stream:*" for arn in serving_log_groups)]))
         self.role.add_to_policy(iam.PolicyStatement(
             sid="WriteJobMetrics", actions=["cloudwatch:PutMetricData"], resources=["*"],
             conditions={"StringEquals": {"cloudwatch:namespace": TRAINING_METRICS_NAMESPACE}}))
@@ -80,3 +92,10 @@ class TrainingJobAccess(Construct):
                        "<AWS::AccountId>:log-group:/aws/sagemaker/TrainingJobs:log-stream:*]",
             "Each job writes log streams named after the job, inside SageMaker's fixed "
             "training-jobs log group.")
+        for resource in (f"log-group:{ENDPOINT_LOG_GROUP_PATTERN}", f"log-group:{ENDPOINT_LOG_GROUP_PATTERN}:log-stream:*",
+                         f"log-group:{TRANSFORM_LOG_GROUP}:log-stream:*"):
+            acknowledge(
+                self.role, f"AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:logs:<AWS::Region>:"
+                           f"<AWS::AccountId>:{resource}]",
+                "A model's endpoint or batch transform job writes to SageMaker's fixed log groups for "
+                "them (one per endpoint, named after it), in streams named after its instances.")

@@ -25,6 +25,14 @@ if [ ! -e "$CODE_DIR" ]; then
 fi
 ln -sfn "$MOUNT" "$JUPYTER_ROOT/efs"
 
+# The project's command in a notebook terminal (`maskrcnn data to-efs ...`, `maskrcnn sagemaker
+# start ...`), with the terminal's Python. At every start: only the Jupyter root outlives a stop.
+cat > /usr/local/bin/maskrcnn <<WRAPPER
+#!/bin/bash
+PYTHONPATH="$CODE_DIR\${PYTHONPATH:+:\$PYTHONPATH}" exec python3 -m launch.cli "\$@"
+WRAPPER
+chmod 0755 /usr/local/bin/maskrcnn
+
 # Idle stop (docs/infra.md, "Notebook auto-stop"): a systemd timer (AL2023 has no cron) runs the
 # check every 5 minutes. Installed at every start: only the Jupyter root outlives a stop. It runs
 # as the notebook user, with no more rights than a notebook terminal has, from a file that user

@@ -97,7 +97,7 @@ STATE_TEXT = {
     "pausing": "pausing: the nodes are terminating",
     "running": "running: every node is InService",
     "starting": "starting: nodes are launching (a GPU node boots and pulls the image in ~10-15 min)",
-    "workers-scaled-down": "workers scaled down (idle): the master runs; the next `maskrcnn-job "
+    "workers-scaled-down": "workers scaled down (idle): the master runs; the next `maskrcnn job "
                            "submit`, or `resume`, starts the workers",
     "partial": "partly scaled: the groups are between pause and resume",
 }

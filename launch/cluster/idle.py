@@ -11,7 +11,7 @@ The cluster is busy when either
     down on a guess), or
   - a training process runs in the master's container (mpirun, horovodrun or `python -m
     training.train` started by hand, outside Slurm).
-`maskrcnn-job submit` holds the run lock (:func:`training_lock`) shared while it queues a job and
+`maskrcnn job submit` holds the run lock (:func:`training_lock`) shared while it queues a job and
 scales the workers up; the check holds it exclusively while it decides and scales, so a job queued
 in that moment is either seen by the check or scales the workers back up after it.
 
@@ -40,7 +40,7 @@ from launch.aws import LaunchError
 from launch.cluster import capacity
 from launch.cluster.node_env import CLUSTER_ENV, read_cluster_env
 
-# In the master's container, where both `maskrcnn-job submit` and this check run (docker exec).
+# In the master's container, where both `maskrcnn job submit` and this check run (docker exec).
 RUN_LOCK = "/tmp/maskrcnn-training.lock"
 STATE_NAME = "idle.json"
 # The timer fires every minute; a longer silence means no check ran (the master was off).
@@ -192,7 +192,7 @@ def check(session: boto3.session.Session, env: dict[str, str], *, now: float,
         write_state(path, {**state, "last_check": now, "idle_since": None, "workers_desired": 0,
                            "scaled_down_at": now})
         return (f"scaled the worker group {worker} from {group.desired} to 0 nodes after "
-                f"{idle_s / 60:.0f} min without a training job; the next `maskrcnn-job submit` scales it "
+                f"{idle_s / 60:.0f} min without a training job; the next `maskrcnn job submit` scales it "
                 f"back up")
 
 

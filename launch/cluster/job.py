@@ -15,7 +15,7 @@ of the allocation after the job prolog has checked every node. Each attempt:
 
 Stopping keeps every step trained: the ranks themselves get SIGTERM, finish their step, agree on it,
 and rank 0 saves its checkpoint and writes ``stopped.json`` (training/stopping.py). When Slurm ends
-the attempt (``scancel``, ``maskrcnn-job stop``, ``scontrol requeue``, a node's interruption) it sends
+the attempt (``scancel``, ``maskrcnn job stop``, ``scontrol requeue``, a node's interruption) it sends
 SIGTERM to every process of the job on every node, the ranks included, and SIGKILL ``KillWait``
 seconds later. mpirun and Open MPI's daemons get that SIGTERM too and answer it by killing their
 ranks: ``MPI_SIGKILL_TIMEOUT_S`` gives the ranks time to save first. This script reports the stop
@@ -79,7 +79,7 @@ def attempt_number() -> int:
 
 
 def heartbeat_step(logdir: str) -> int | None:
-    """The step of the run's last heartbeat (``maskrcnn-job list`` shows it), or None."""
+    """The step of the run's last heartbeat (``maskrcnn job list`` shows it), or None."""
     beat = read_heartbeat(logdir)
     return beat["step"] if beat else None
 
@@ -352,7 +352,7 @@ def end_attempt(rc: int, *, logdir: str, record: dict | None, stop: str | None, 
         start = f"from {record['checkpoint']}" if saved else f"from the latest checkpoint in {logdir}"
         if record is None:
             print(f"training ended (exit {rc}) without saving at the stop", flush=True)
-        resume = f"`maskrcnn-job submit --run-name {run} --resume` continues {start}"
+        resume = f"`maskrcnn job submit --run-name {run} --resume` continues {start}"
         print({True: f"Slurm requeued this job: its next attempt resumes {start}",
                False: f"the job was cancelled: {resume}",
                None: f"Slurm ended this attempt: if it requeued the job, the next attempt resumes {start}; "
@@ -362,7 +362,7 @@ def end_attempt(rc: int, *, logdir: str, record: dict | None, stop: str | None, 
         # The ranks were signalled directly (launch.rank_signals by hand): a stop asked for, not a failure.
         if record is None:
             print("training was stopped before its first step: nothing to save", flush=True)
-        print(f"the run stopped on request; `maskrcnn-job submit --run-name {run} --resume` continues it", flush=True)
+        print(f"the run stopped on request; `maskrcnn job submit --run-name {run} --resume` continues it", flush=True)
         return STOPPED_EXIT_STATUS
     if rc == 0:
         print(f"training finished; logs and checkpoints in {logdir}", flush=True)

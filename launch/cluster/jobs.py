@@ -1,10 +1,10 @@
 """Training runs on the cluster as Slurm jobs: submit, status, logs, stop, list.
 
-On the master (``maskrcnn-job`` runs this in the container)::
+On the master (``maskrcnn job`` runs this in the container)::
 
-    maskrcnn-job submit [--run-name NAME] [--resume] [KEY=VALUE ...]
-    maskrcnn-job status [NAME]          maskrcnn-job logs NAME [--follow]
-    maskrcnn-job stop NAME              maskrcnn-job list [--json]
+    maskrcnn job submit [--run-name NAME] [--resume] [KEY=VALUE ...]
+    maskrcnn job status [NAME]          maskrcnn job logs NAME [--follow]
+    maskrcnn job stop NAME              maskrcnn job list [--json]
 
 Each is a thin wrapper over Slurm's own commands (sbatch, squeue, scancel, scontrol and the
 job-completion log), which work directly too: a run is the job named after it.
@@ -45,7 +45,7 @@ def _slurm(argv: list[str], *, what: str) -> str:
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     except FileNotFoundError:
         raise LaunchError(f"{argv[0]} not found: run this on the cluster's master, inside the maskrcnn "
-                          f"container (maskrcnn-job does)") from None
+                          f"container (maskrcnn job does)") from None
     if proc.returncode != 0:
         raise LaunchError(f"{what} failed: {proc.stderr.strip() or proc.stdout.strip()} "
                           f"(is slurmctld up? `sinfo` on the master shows the cluster)")
@@ -75,11 +75,11 @@ def submit(env: dict[str, str], *, run_name: str | None, resume: bool, overrides
                           f"latest checkpoint, or choose another --run-name (or leave it out for a new name)")
     if resume and not logdir.exists():
         raise LaunchError(f"--resume: there is no run named {name} ({logdir} does not exist); "
-                          f"`maskrcnn-job list` shows the runs")
+                          f"`maskrcnn job list` shows the runs")
     active = [j for j in queue() if j["name"] == name]
     if active:
         raise LaunchError(f"run {name} is already queued or running as job {active[0]['job_id']} "
-                          f"({active[0]['state']}): `maskrcnn-job stop {name}` first")
+                          f"({active[0]['state']}): `maskrcnn job stop {name}` first")
     plan = choose_data(env, data_dir=data_dir, stage_to_nvme=stage_to_nvme, dataset=dataset)
     if any(o.startswith("DATA.BASEDIR=") for o in overrides):
         plan = type(plan)(train_dir=plan.train_dir)
@@ -201,14 +201,14 @@ def _job_of(env: dict[str, str], name: str) -> dict:
     done = [j for j in finished(env) if j["name"] == name]
     if done:
         return done[-1]
-    raise LaunchError(f"no job for a run named {name}: `maskrcnn-job list` shows the runs")
+    raise LaunchError(f"no job for a run named {name}: `maskrcnn job list` shows the runs")
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="maskrcnn-job", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="maskrcnn job", description=__doc__.splitlines()[0])
     p.add_argument("--cluster-env", default=CLUSTER_ENV)
     sub = p.add_subparsers(dest="command", required=True)
-    s = sub.add_parser("submit", help="queue a training run", epilog="example: maskrcnn-job submit "
+    s = sub.add_parser("submit", help="queue a training run", epilog="example: maskrcnn job submit "
                        "TRAIN.LR_EPOCH_SCHEDULE='[(16, 0.1), (20, 0.01), (24, None)]'")
     s.add_argument("overrides", nargs="*", help="training config overrides, KEY=VALUE (training/config.py)")
     s.add_argument("--run-name", help="default: maskrcnn-<UTC time>, a new run")
@@ -246,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
             name, job_id = submit(env, run_name=a.run_name, resume=a.resume, overrides=a.overrides,
                                   nodes=a.nodes, data_dir=a.data_dir, stage_to_nvme=a.stage_to_nvme,
                                   max_attempts=a.max_attempts, stall_minutes=a.stall_minutes, dataset=a.dataset)
-            print(f"submitted run {name} as job {job_id}; follow it with: maskrcnn-job logs {name} -f")
+            print(f"submitted run {name} as job {job_id}; follow it with: maskrcnn job logs {name} -f")
             if a.wait:
                 state = wait_for(env, job_id)
                 print(f"run {name} (job {job_id}) ended: {state}")
@@ -277,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise LaunchError(f"run {a.run}'s job {job['job_id']} has already ended ({job['state']})")
             _slurm(["scancel", job["job_id"]], what="scancel")
             print(f"stopping run {a.run} (job {job['job_id']}): training saves a checkpoint first; "
-                  f"`maskrcnn-job submit --run-name {a.run} --resume` continues it")
+                  f"`maskrcnn job submit --run-name {a.run} --resume` continues it")
         elif a.command == "list":
             rows = runs(env)
             if a.json:

@@ -16,7 +16,7 @@ def read_cluster_env(path: str = CLUSTER_ENV) -> dict[str, str]:
             lines = f.read().splitlines()
     except FileNotFoundError:
         raise LaunchError(f"{path} not found: run this on a cluster node, inside the maskrcnn container "
-                          f"(maskrcnn-job does), or pass --cluster-env") from None
+                          f"(maskrcnn job does), or pass --cluster-env") from None
     env = {}
     for line in lines:
         line = line.strip()

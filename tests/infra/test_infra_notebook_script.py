@@ -40,17 +40,21 @@ JUPYTER_ROOT = "home/ec2-user/SageMaker"
 
 
 # Where the script installs the idle check; each is a scratch directory in the namespace.
-SYSTEM_DIRS = ("usr/local/sbin", "etc/systemd/system")
+SYSTEM_DIRS = ("usr/local/sbin", "usr/local/bin", "etc/systemd/system")
 
 
 def _run(tmp_path: Path, *, with_helper: bool, starts: int = 1, idle_minutes: int = 60,
-         stubs_over: dict[str, str] | None = None) -> list[str]:
+         stubs_over: dict[str, str] | None = None, then: str | None = None) -> list[str]:
+    """Runs the script ``starts`` times, then (in the same namespace) the shell command ``then``,
+    whose output goes to tmp_path/then.out; returns the stubs' calls."""
     stubs = tmp_path / "stubs"
     stubs.mkdir()
     with zipfile.ZipFile(tmp_path / "project.zip", "w") as archive:
         for path in (REPO_ROOT / "notebooks").iterdir():
             archive.write(path, f"notebooks/{path.name}")
         archive.write(REPO_ROOT / "README.md", "README.md")
+        for module in ("launch/__init__.py", "launch/cli.py"):
+            archive.write(REPO_ROOT / module, module)
     for name, body in {**STUBS, **({"mount.efs": "exit 0"} if with_helper else {}),
                        **(stubs_over or {})}.items():
         (stubs / name).write_text("#!/bin/bash\n" + textwrap.dedent(body) + "\n")
@@ -67,10 +71,11 @@ def _run(tmp_path: Path, *, with_helper: bool, starts: int = 1, idle_minutes: in
     env = {**os.environ, "PATH": f"{stubs}:{os.environ['PATH']}",
            "CALLS": str(tmp_path / "calls.log"), "MOUNTED": str(tmp_path / "mounted"),
            "PROJECT_ZIP": str(tmp_path / "project.zip")}
-    for _ in range(starts):
+    for start in range(starts):
+        last = start == starts - 1 and then
         result = subprocess.run(
             ["unshare", "--mount", "--propagation", "private", "bash", "-c",
-             " && ".join(binds + [f"exec bash {script}"])],
+             " && ".join(binds + [f"bash {script}", *([f"({then}) > {tmp_path / 'then.out'}"] if last else [])])],
             env=env, capture_output=True, text=True, timeout=60)
         assert result.returncode == 0, result.stderr
         (tmp_path / "stderr.log").write_text(result.stderr)
@@ -96,6 +101,15 @@ def test_opens_ready_to_use_with_the_project_and_efs_in_the_jupyter_root(tmp_pat
     downloads = [c for c in calls if c.startswith("aws ")]
     assert len(downloads) == 1 and downloads[0].startswith(f"aws s3 cp --only-show-errors {ASSET_URL} ")
     assert "chown -R ec2-user:ec2-user /home/ec2-user/SageMaker/maskrcnn-on-aws" in calls
+
+
+def test_a_terminal_has_the_project_s_command(tmp_path):
+    """`maskrcnn` runs launch/cli.py from the unpacked project with the terminal's python3, from
+    any directory, and keeps the terminal's own PYTHONPATH after it."""
+    _run(tmp_path, with_helper=True, then="cd / && PYTHONPATH=/elsewhere /usr/local/bin/maskrcnn --help")
+    assert (tmp_path / "then.out").read_text().startswith("usage: maskrcnn COMMAND")
+    wrapper = (tmp_path / "usr/local/bin/maskrcnn").read_text()
+    assert 'PYTHONPATH="/home/ec2-user/SageMaker/maskrcnn-on-aws${PYTHONPATH:+:$PYTHONPATH}"' in wrapper
 
 
 def test_mounts_with_tls_when_the_efs_mount_helper_is_there(tmp_path):
@@ -131,7 +145,7 @@ def test_installs_the_idle_stop_with_the_configured_minutes(tmp_path):
 
 def test_no_idle_stop_when_its_minutes_are_0(tmp_path):
     calls = _run(tmp_path, with_helper=True, idle_minutes=0)
-    for directory in SYSTEM_DIRS:
+    for directory in ("usr/local/sbin", "etc/systemd/system"):      # where the idle stop goes
         assert not list((tmp_path / directory).iterdir())
     assert not [c for c in calls if c.startswith("systemctl")]
 

@@ -225,9 +225,9 @@ def test_requeued_or_cancelled_from_the_restart_count():
 
 
 @pytest.mark.parametrize("requeued, says", [
-    (False, "the job was cancelled: `maskrcnn-job submit --run-name run7 --resume` continues from model-40"),
+    (False, "the job was cancelled: `maskrcnn job submit --run-name run7 --resume` continues from model-40"),
     (None, "Slurm ended this attempt: if it requeued the job, the next attempt resumes from model-40; if it was "
-           "cancelled, `maskrcnn-job submit --run-name run7 --resume` continues from model-40"),
+           "cancelled, `maskrcnn job submit --run-name run7 --resume` continues from model-40"),
 ])
 def test_a_slurm_stop_says_how_the_run_continues(tmp_path, capsys, requeued, says):
     record = {"signal": "SIGTERM", "step": 40, "epoch": 2, "checkpoint": "model-40", "time": time.time()}
@@ -251,7 +251,7 @@ def test_ranks_stopped_by_hand_end_the_job_without_a_requeue(tmp_path, capsys):
     assert job.end_attempt(STOPPED_EXIT_STATUS, logdir=str(tmp_path / "run7"), record=record, stop=None, attempt=1,
                            max_attempts=4) == STOPPED_EXIT_STATUS
     out = capsys.readouterr().out
-    assert "the run stopped on request; `maskrcnn-job submit --run-name run7 --resume` continues it" in out
+    assert "the run stopped on request; `maskrcnn job submit --run-name run7 --resume` continues it" in out
     assert "requeued" not in out
 
 

@@ -276,5 +276,5 @@ def test_a_run_is_a_slurm_job_that_is_requeued_and_resumes_after_a_worker_dies(s
           "the stopped run to be CANCELLED")
     logs = _job(master, env, "logs", name).stdout
     assert f"training stopped at step {record['step']} with checkpoint {record['checkpoint']}" in logs, logs[-3000:]
-    assert (f"the job was cancelled: `maskrcnn-job submit --run-name {name} --resume` continues from "
+    assert (f"the job was cancelled: `maskrcnn job submit --run-name {name} --resume` continues from "
             f"{record['checkpoint']}") in logs, logs[-3000:]

@@ -100,7 +100,7 @@ def test_describe_of_a_finished_job_states_its_cost(sagemaker_env, capsys):
 
 
 def test_the_image_holds_every_infra_module_the_master_commands_import():
-    """maskrcnn-job (with its cost line), the job body and the idle check run in the training image,
+    """maskrcnn job (with its cost line), the job body and the idle check run in the training image,
     which holds only what docker/Dockerfile copies: every infra module they import must be among it."""
     import subprocess
     from infra.constructs.training_image import dockerfile_copy_sources

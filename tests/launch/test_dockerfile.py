@@ -272,7 +272,7 @@ def test_entrypoint_train_is_the_sagemaker_entry(tmp_path):
 def test_entrypoint_job_command():
     result = _entry("job", "--help")
     assert result.returncode == 0, result.stderr
-    assert result.stdout.startswith("usage: maskrcnn-job")
+    assert result.stdout.startswith("usage: maskrcnn job")
 
 
 def test_build_check_names_libraries_the_loader_cannot_find(tmp_path):

@@ -69,7 +69,7 @@ def test_colours_by_class_name_and_bad_shapes():
 
 # ------------------------------------------------------------------------------- the predict command
 @pytest.mark.parametrize("args, message", [
-    ([], "nothing to write: give --output FILE (results JSON) and/or --draw DIR (pictures)"),
+    ([], "nothing to do: give --output FILE (results JSON), --draw DIR (pictures) and/or --evaluate"),
     (["--draw", "d", "--score-threshold", "1.5"], "--score-threshold must be between 0 and 1, got 1.5"),
     (["--output", "r.json", "--batch-size", "0"], "--batch-size must be at least 1, got 0"),
     (["--output", "r.json", "--max-images", "-1"], "--max-images must be 0 (all) or more, got -1"),

@@ -1,0 +1,238 @@
+"""Deploy a trained Mask R-CNN as a SageMaker real-time endpoint, run batch transform over images in
+S3, and delete an endpoint with what it was made of.
+
+    maskrcnn endpoint deploy (--training-job JOB | --model-data s3://.../model.tar.gz)
+                                               [--instance-type ml.g4dn.xlarge] [--instance-count 1] [--wait]
+    maskrcnn endpoint transform (--training-job JOB | --model-data S3_URI)
+                                               --input s3://bucket/images/ --output s3://bucket/detections/
+    maskrcnn endpoint delete ENDPOINT
+
+The model is a finished training job's ModelArtifacts (its checkpoint and config.json, which the
+server exports when it starts) or any model.tar.gz in S3 holding either that or a SavedModel from
+``maskrcnn export`` (a cluster run's export, packed with ``tar -czf model.tar.gz -C DIR .``
+and uploaded). Both run in the stack's training image (``serve``: launch/sagemaker/serve.py) with
+the stack's SageMaker execution role, both read from SageMakerStack's outputs. The model, the
+endpoint configuration and the endpoint share one name (``<base>-<UTC time>-<4 hex>``, as run names);
+``delete`` finds the configuration and the models from the endpoint. A transform job writes one
+``<image name>.out`` JSON file per image (the server's answer) under --output.
+
+The transform job is created with the SageMaker Python SDK v3 (sagemaker.core.resources); the
+models, endpoint configurations and endpoints with boto3 (why: SDK_FALLBACK's comment).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+import boto3
+
+from infra import outputs
+from launch.aws import LaunchError, make_session, require_output, stack_outputs
+from launch.run_names import check_run_name, new_run_name
+
+DEFAULT_INSTANCE_TYPE = "ml.g4dn.xlarge"    # one NVIDIA T4 (16 GB), 4 vCPUs: the smallest GPU inference type
+VARIANT_NAME = "AllTraffic"                       # the SageMaker SDK's name for an endpoint's one variant
+# The image is large (about 3 GB compressed) and a training job's checkpoint is exported before the
+# server answers /ping: more than SageMaker's default wait. (3600 s is its maximum.)
+STARTUP_TIMEOUT_SECONDS = 1200
+TRANSFORM_CONTENT_TYPE = "application/x-image"    # one image a request, JPEG or PNG alike
+TRANSFORM_ACCEPT = "application/json"
+# Matches the server's MASKRCNN_MAX_IMAGE_BYTES default (6 MiB); SageMaker's default is the same 6 MB.
+TRANSFORM_MAX_PAYLOAD_MB = 6
+
+
+# Where boto3 sends the request instead of sagemaker.core.resources: Model, EndpointConfig and
+# Endpoint .create() describe the new resource at once and validate the description with pydantic,
+# which rejects the empty structures (VpcConfig {}, DataCaptureConfig {}) moto's describe calls
+# return for fields never set, so they cannot be tested against moto; .get() for delete alike.
+# The requests are the same. TransformJob.create passes and is used.
+SDK_FALLBACK = "boto3 for the models, endpoint configurations and endpoints"
+
+
+def _client(session: boto3.session.Session):
+    return session.client("sagemaker")
+
+
+def _not_found(err: Exception) -> bool:
+    text = str(err)
+    return "ValidationException" in text or "ResourceNotFound" in text or "not found" in text.lower() \
+        or "Could not find" in text
+
+
+def model_data_of_job(session: boto3.session.Session, job_name: str) -> str:
+    """The S3 URI of a completed training job's model; a clear error for any other job."""
+    # boto3 (see SDK_FALLBACK), as launcher.describe_job; TrainingJob.get also raises on a
+    # ModelArtifacts without S3ModelArtifacts, the very case to report here.
+    sm = _client(session)
+    try:
+        job = sm.describe_training_job(TrainingJobName=job_name)
+    except sm.exceptions.ClientError as err:
+        if _not_found(err):
+            raise LaunchError(f"no training job named {job_name!r} in {session.region_name}: list them with "
+                              f"`aws sagemaker list-training-jobs`") from None
+        raise
+    status = job.get("TrainingJobStatus")
+    if status != "Completed":
+        reason = f" ({job['FailureReason']})" if job.get("FailureReason") else ""
+        raise LaunchError(f"training job {job_name} is {status}{reason}, not Completed: deploy a job that "
+                          f"completed, or pass --model-data with the S3 URI of a model.tar.gz")
+    uri = (job.get("ModelArtifacts") or {}).get("S3ModelArtifacts")
+    if not uri or not uri.startswith("s3://"):
+        raise LaunchError(f"training job {job_name} completed but has no model (no ModelArtifacts.S3ModelArtifacts): "
+                          f"pass --model-data with the S3 URI of a model.tar.gz")
+    return uri
+
+
+def _model_data(session, training_job: str | None, model_data: str | None) -> str:
+    if bool(training_job) == bool(model_data):
+        raise LaunchError("name the model: --training-job JOB (its ModelArtifacts) or --model-data s3://.../model.tar.gz")
+    if model_data:
+        if not model_data.startswith("s3://") or not model_data.endswith(".tar.gz"):
+            raise LaunchError(f"--model-data {model_data!r} must be the S3 URI of a .tar.gz archive "
+                              f"(SageMaker unpacks it into /opt/ml/model), e.g. s3://bucket/models/run1/model.tar.gz")
+        return model_data
+    return model_data_of_job(session, training_job)
+
+
+def _stack(session, stack_name: str) -> tuple[str, str]:
+    """(training image URI, SageMaker execution role ARN) from SageMakerStack's outputs."""
+    found = stack_outputs(session, stack_name)
+    return (require_output(found, outputs.TRAINING_IMAGE_URI, stack_name),
+            require_output(found, outputs.TRAINING_ROLE_ARN, stack_name))
+
+
+def _name(name: str | None, base: str) -> str:
+    return check_run_name(name) if name else new_run_name(base)
+
+
+def create_model(session, name: str, model_data: str, stack_name: str) -> str:
+    """CreateModel: the training image serving ``model_data`` with the stack's execution role."""
+    image, role = _stack(session, stack_name)
+    _client(session).create_model(   # boto3: see SDK_FALLBACK
+ModelName=name, ExecutionRoleArn=role,
+                                  PrimaryContainer={"Image": image, "ModelDataUrl": model_data})
+    return name
+
+
+def deploy(session: boto3.session.Session, *, training_job: str | None = None, model_data: str | None = None,
+           name: str | None = None, base_name: str = "maskrcnn", instance_type: str = DEFAULT_INSTANCE_TYPE,
+           instance_count: int = 1, stack_name: str = outputs.SAGEMAKER_STACK, wait: bool = False) -> dict[str, str]:
+    """CreateModel, CreateEndpointConfig and CreateEndpoint, all named ``name``; every argument is
+    checked before the first request."""
+    _check_instances(instance_type, instance_count)
+    name = _name(name, base_name)
+    data = _model_data(session, training_job, model_data)
+    _stack(session, stack_name)   # its outputs exist, before anything is created
+    create_model(session, name, data, stack_name)
+    sm = _client(session)   # boto3: see SDK_FALLBACK
+    sm.create_endpoint_config(EndpointConfigName=name, ProductionVariants=[{
+        "VariantName": VARIANT_NAME, "ModelName": name, "InstanceType": instance_type,
+        "InitialInstanceCount": instance_count,
+        "ContainerStartupHealthCheckTimeoutInSeconds": STARTUP_TIMEOUT_SECONDS}])
+    sm.create_endpoint(EndpointName=name, EndpointConfigName=name)
+    if wait:
+        sm.get_waiter("endpoint_in_service").wait(EndpointName=name)
+    return {"endpoint": name, "endpoint_config": name, "model": name, "model_data": data}
+
+
+def transform(session: boto3.session.Session, *, input_uri: str, output_uri: str, training_job: str | None = None,
+              model_data: str | None = None, name: str | None = None, base_name: str = "maskrcnn-transform",
+              instance_type: str = DEFAULT_INSTANCE_TYPE, instance_count: int = 1,
+              stack_name: str = outputs.SAGEMAKER_STACK, wait: bool = False) -> dict[str, str]:
+    """A model and a batch transform job (same name) over every object under ``input_uri``."""
+    from sagemaker.core.resources import TransformJob
+    from sagemaker.core.shapes import (TransformDataSource, TransformInput, TransformOutput, TransformResources,
+                                       TransformS3DataSource)
+
+    _check_instances(instance_type, instance_count)
+    for what, uri in (("--input", input_uri), ("--output", output_uri)):
+        if not uri.startswith("s3://") or len(uri) <= len("s3://"):
+            raise LaunchError(f"{what} {uri!r} must be an S3 prefix, e.g. s3://bucket/images/")
+    name = _name(name, base_name)
+    data = _model_data(session, training_job, model_data)
+    _stack(session, stack_name)
+    create_model(session, name, data, stack_name)
+    job = TransformJob.create(
+        transform_job_name=name, model_name=name,
+        transform_input=TransformInput(
+            data_source=TransformDataSource(s3_data_source=TransformS3DataSource(s3_data_type="S3Prefix",
+                                                                                 s3_uri=input_uri)),
+            content_type=TRANSFORM_CONTENT_TYPE, split_type="None"),   # each object is one image, one request
+        transform_output=TransformOutput(s3_output_path=output_uri, accept=TRANSFORM_ACCEPT),
+        transform_resources=TransformResources(instance_type=instance_type, instance_count=instance_count),
+        batch_strategy="SingleRecord", max_payload_in_mb=TRANSFORM_MAX_PAYLOAD_MB,
+        session=session, region=session.region_name)
+    if wait:
+        job.wait()
+    return {"transform_job": name, "model": name, "model_data": data, "input": input_uri, "output": output_uri}
+
+
+def delete(session: boto3.session.Session, name: str) -> dict[str, Any]:
+    """DeleteEndpoint, DeleteEndpointConfig and DeleteModel (the configuration's models)."""
+    sm = _client(session)   # boto3: see SDK_FALLBACK
+    try:
+        config_name = sm.describe_endpoint(EndpointName=name)["EndpointConfigName"]
+    except sm.exceptions.ClientError as err:
+        if _not_found(err):
+            raise LaunchError(f"no endpoint named {name!r} in {session.region_name}: list them with "
+                              f"`aws sagemaker list-endpoints`") from None
+        raise
+    models = [v["ModelName"] for v in sm.describe_endpoint_config(EndpointConfigName=config_name)["ProductionVariants"]]
+    sm.delete_endpoint(EndpointName=name)
+    sm.delete_endpoint_config(EndpointConfigName=config_name)
+    for model in models:
+        sm.delete_model(ModelName=model)
+    return {"endpoint": name, "endpoint_config": config_name, "models": models}
+
+
+def _check_instances(instance_type: str, instance_count: int) -> None:
+    if not instance_type.startswith("ml."):
+        raise LaunchError(f"instance type {instance_type!r} is not a SageMaker type; they start with 'ml.', "
+                          f"e.g. {DEFAULT_INSTANCE_TYPE}")
+    if instance_count < 1:
+        raise LaunchError(f"instance count {instance_count} must be at least 1")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="maskrcnn endpoint", description=__doc__.splitlines()[0])
+    p.add_argument("--region")
+    sub = p.add_subparsers(dest="command", required=True)
+    for command, text in (("deploy", "create a real-time endpoint"), ("transform", "start a batch transform job")):
+        c = sub.add_parser(command, help=text)
+        c.add_argument("--stack", default=outputs.SAGEMAKER_STACK)
+        c.add_argument("--training-job", help="a completed training job: its model")
+        c.add_argument("--model-data", help="S3 URI of a model.tar.gz (a training job's, or an export's)")
+        c.add_argument("--name", help="name of the endpoint (or transform job), its configuration and model "
+                                      "(default: <base>-<UTC time>-<4 hex>)")
+        c.add_argument("--instance-type", default=DEFAULT_INSTANCE_TYPE)
+        c.add_argument("--instance-count", type=int, default=1)
+        c.add_argument("--wait", action="store_true", help="wait until the endpoint is in service (the job ends)")
+        if command == "transform":
+            c.add_argument("--input", required=True, help="S3 prefix of the images (JPEG or PNG)")
+            c.add_argument("--output", required=True, help="S3 prefix for the detections (<image>.out, JSON)")
+    d = sub.add_parser("delete", help="delete an endpoint, its configuration and its model")
+    d.add_argument("endpoint")
+    a = p.parse_args(argv)
+    try:
+        session = make_session(a.region)
+        if a.command == "deploy":
+            result = deploy(session, training_job=a.training_job, model_data=a.model_data, name=a.name,
+                            instance_type=a.instance_type, instance_count=a.instance_count, stack_name=a.stack,
+                            wait=a.wait)
+        elif a.command == "transform":
+            result = transform(session, input_uri=a.input, output_uri=a.output, training_job=a.training_job,
+                               model_data=a.model_data, name=a.name, instance_type=a.instance_type,
+                               instance_count=a.instance_count, stack_name=a.stack, wait=a.wait)
+        else:
+            result = delete(session, a.endpoint)
+        print(json.dumps(result, indent=2))
+    except LaunchError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

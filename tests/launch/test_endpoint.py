@@ -1,0 +1,152 @@
+"""launch.sagemaker.endpoint against a moto server: the CreateModel, CreateEndpointConfig,
+CreateEndpoint, CreateTransformJob and Delete* requests as they leave botocore, checked against
+the fields AWS documents for them."""
+import boto3
+import pytest
+
+from aws_fakes import BUCKET, STACK_OUTPUTS, capture_requests, deploy_stack
+from infra import outputs
+from launch.aws import LaunchError
+from launch.sagemaker import endpoint, launcher
+from launch.sagemaker.launcher import JobSpec
+
+IMAGE, ROLE = STACK_OUTPUTS[outputs.TRAINING_IMAGE_URI], STACK_OUTPUTS[outputs.TRAINING_ROLE_ARN]
+
+
+def _finished_job(session) -> tuple[str, str]:
+    """A training job started by the launcher; moto completes it at once with its model at
+    <S3OutputPath>/<job>/output/model.tar.gz (SageMaker's layout)."""
+    name = launcher.start_job(JobSpec(), session=session)["TrainingJobName"]
+    return name, f"s3://{BUCKET}/maskrcnn/output/{name}/output/model.tar.gz"
+
+
+def test_deploy_a_training_jobs_model_sends_the_three_requests(sagemaker_env):
+    session = boto3.session.Session()
+    deploy_stack(session)
+    job, model_data = _finished_job(session)
+    sent = {op: capture_requests(session, op) for op in ("CreateModel", "CreateEndpointConfig", "CreateEndpoint")}
+    result = endpoint.deploy(session, training_job=job, instance_type="ml.g4dn.2xlarge", instance_count=2)
+    name = result["endpoint"]
+    assert name.startswith("maskrcnn-") and result == {"endpoint": name, "endpoint_config": name, "model": name,
+                                                       "model_data": model_data}
+    (model,), (config,), (created,) = sent["CreateModel"], sent["CreateEndpointConfig"], sent["CreateEndpoint"]
+    assert model == {"ModelName": name, "ExecutionRoleArn": ROLE,
+                     "PrimaryContainer": {"Image": IMAGE, "ModelDataUrl": model_data}}
+    assert config == {"EndpointConfigName": name, "ProductionVariants": [{
+        "VariantName": "AllTraffic", "ModelName": name, "InstanceType": "ml.g4dn.2xlarge", "InitialInstanceCount": 2,
+        "ContainerStartupHealthCheckTimeoutInSeconds": endpoint.STARTUP_TIMEOUT_SECONDS}]}
+    assert created == {"EndpointName": name, "EndpointConfigName": name}
+    sm = session.client("sagemaker")
+    assert sm.describe_endpoint(EndpointName=name)["EndpointConfigName"] == name
+    assert sm.describe_model(ModelName=name)["PrimaryContainer"]["ModelDataUrl"] == model_data
+
+
+def test_deploy_an_exported_model_from_s3_by_its_uri(sagemaker_env, capsys):
+    session = boto3.session.Session()
+    deploy_stack(session)
+    uri = f"s3://{BUCKET}/models/run1/model.tar.gz"
+    # the command line (its own session): what moto recorded
+    assert endpoint.main(["deploy", "--model-data", uri, "--name", "shapes-v1"]) == 0
+    assert '"endpoint": "shapes-v1"' in capsys.readouterr().out
+    sm = session.client("sagemaker")
+    model = sm.describe_model(ModelName="shapes-v1")
+    assert model["PrimaryContainer"]["ModelDataUrl"] == uri and model["ExecutionRoleArn"] == ROLE
+    config = sm.describe_endpoint_config(EndpointConfigName="shapes-v1")
+    assert config["ProductionVariants"][0]["InstanceType"] == endpoint.DEFAULT_INSTANCE_TYPE == "ml.g4dn.xlarge"
+    assert sm.describe_endpoint(EndpointName="shapes-v1")["EndpointConfigName"] == "shapes-v1"
+
+
+def test_transform_job_reads_an_s3_prefix_of_images(sagemaker_env):
+    session = boto3.session.Session()
+    deploy_stack(session)
+    job, model_data = _finished_job(session)
+    models, jobs = capture_requests(session, "CreateModel"), capture_requests(session, "CreateTransformJob")
+    result = endpoint.transform(session, training_job=job, input_uri=f"s3://{BUCKET}/images/",
+                                output_uri=f"s3://{BUCKET}/detections/", instance_type="ml.g5.xlarge",
+                                instance_count=3)
+    name = result["transform_job"]
+    assert name.startswith("maskrcnn-transform-") and models[0]["ModelName"] == name
+    assert models[0]["PrimaryContainer"] == {"Image": IMAGE, "ModelDataUrl": model_data}
+    assert jobs == [{
+        "TransformJobName": name, "ModelName": name,
+        "TransformInput": {"DataSource": {"S3DataSource": {"S3DataType": "S3Prefix", "S3Uri": f"s3://{BUCKET}/images/"}},
+                           "ContentType": "application/x-image", "SplitType": "None"},
+        "TransformOutput": {"S3OutputPath": f"s3://{BUCKET}/detections/", "Accept": "application/json"},
+        "TransformResources": {"InstanceType": "ml.g5.xlarge", "InstanceCount": 3},
+        "BatchStrategy": "SingleRecord", "MaxPayloadInMB": 6}]
+    described = session.client("sagemaker").describe_transform_job(TransformJobName=name)
+    assert described["ModelName"] == name
+
+
+def test_delete_removes_the_endpoint_its_config_and_its_model(sagemaker_env):
+    session = boto3.session.Session()
+    deploy_stack(session)
+    endpoint.deploy(session, model_data=f"s3://{BUCKET}/m/model.tar.gz", name="to-delete")
+    endpoint.deploy(session, model_data=f"s3://{BUCKET}/m/model.tar.gz", name="to-keep")
+    sent = {op: capture_requests(session, op) for op in ("DeleteEndpoint", "DeleteEndpointConfig", "DeleteModel")}
+    assert endpoint.delete(session, "to-delete") == {"endpoint": "to-delete", "endpoint_config": "to-delete",
+                                                     "models": ["to-delete"]}
+    assert sent == {"DeleteEndpoint": [{"EndpointName": "to-delete"}],
+                    "DeleteEndpointConfig": [{"EndpointConfigName": "to-delete"}],
+                    "DeleteModel": [{"ModelName": "to-delete"}]}
+    sm = session.client("sagemaker")
+    assert [e["EndpointName"] for e in sm.list_endpoints()["Endpoints"]] == ["to-keep"]
+    assert [c["EndpointConfigName"] for c in sm.list_endpoint_configs()["EndpointConfigs"]] == ["to-keep"]
+    assert [m["ModelName"] for m in sm.list_models()["Models"]] == ["to-keep"]
+
+
+def test_bad_requests_are_refused_before_anything_is_created(sagemaker_env, capsys):
+    session = boto3.session.Session()
+    deploy_stack(session)
+    cases = [
+        (["deploy", "--training-job", "no-such-job"], "no training job named 'no-such-job' in us-east-1"),
+        (["deploy"], "name the model: --training-job JOB"),
+        (["deploy", "--model-data", "s3://b/model.zip"], "must be the S3 URI of a .tar.gz archive"),
+        (["deploy", "--model-data", f"s3://{BUCKET}/m/model.tar.gz", "--instance-type", "g5.xlarge"],
+         "instance type 'g5.xlarge' is not a SageMaker type"),
+        (["deploy", "--model-data", f"s3://{BUCKET}/m/model.tar.gz", "--stack", "Nope"], "stack 'Nope' does not exist"),
+        (["transform", "--model-data", f"s3://{BUCKET}/m/model.tar.gz", "--input", "images/", "--output",
+          f"s3://{BUCKET}/out/"], "--input 'images/' must be an S3 prefix"),
+        (["delete", "nothing-here"], "no endpoint named 'nothing-here' in us-east-1"),
+    ]
+    for argv, message in cases:
+        assert endpoint.main(argv) == 2, argv
+        assert message in capsys.readouterr().err, argv
+    sm = session.client("sagemaker")
+    assert sm.list_models()["Models"] == [] and sm.list_endpoints()["Endpoints"] == []
+
+
+@pytest.fixture
+def moto_in_process(monkeypatch, tmp_path):
+    """A moto server in this process, so that a test can put a training job in a state moto never
+    gives it (moto completes every job at once) through moto's own backend."""
+    from moto.server import ThreadedMotoServer
+
+    from aws_fakes import free_port
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port)
+    server.start()
+    for var, value in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"),
+                       ("AWS_DEFAULT_REGION", "us-east-1"), ("AWS_REGION", "us-east-1"),
+                       ("AWS_ENDPOINT_URL", f"http://127.0.0.1:{port}"), ("SAGEMAKER_VALIDATE_ROLE", "false")):
+        monkeypatch.setenv(var, value)
+    config = tmp_path / "sagemaker-config.yaml"
+    config.write_text("SchemaVersion: '1.0'\nSageMaker:\n  PythonSDK:\n    Modules:\n      TelemetryOptOut: true\n")
+    monkeypatch.setenv("SAGEMAKER_USER_CONFIG_OVERRIDE", str(config))
+    from moto.backends import get_backend
+    yield get_backend("sagemaker")["123456789012"]["us-east-1"]
+    server.stop()
+
+
+def test_a_job_that_did_not_complete_or_has_no_model_is_a_clear_error(moto_in_process):
+    session = boto3.session.Session()
+    deploy_stack(session)
+    job, _ = _finished_job(session)
+    fake = moto_in_process.training_jobs[job]
+    fake.training_job_status = "InProgress"
+    with pytest.raises(LaunchError, match=f"training job {job} is InProgress, not Completed: deploy a job that completed"):
+        endpoint.deploy(session, training_job=job)
+    fake.training_job_status, fake.model_artifacts = "Completed", {}
+    with pytest.raises(LaunchError, match=f"training job {job} completed but has no model"):
+        endpoint.transform(session, training_job=job, input_uri="s3://b/in/", output_uri="s3://b/out/")
+    assert session.client("sagemaker").list_models()["Models"] == []

@@ -1,0 +1,241 @@
+"""Export a trained checkpoint as a TensorFlow SavedModel that takes an encoded image and returns
+detections in that image's pixels, so that a client (or the serving container) needs only TensorFlow.
+
+    maskrcnn export --checkpoint train_log/run1 --output exported/run1
+
+--checkpoint is a log dir (its latest checkpoint) or a checkpoint prefix, as for training.predict;
+the run's config.json next to it rebuilds the model. The export directory holds the SavedModel
+(saved_model.pb, variables/), ``classes.json`` (the dataset's category ids and names) and the run's
+``config.json``. Its one signature, ``serving_default``, runs what ``training.predict`` runs around
+the network, inside the graph:
+
+    input   image_bytes   string scalar: a JPEG or PNG file's bytes
+    outputs boxes         float32 [N, 4]  x1, y1, x2, y2 in the image's pixels
+            classes       int32 [N]       the dataset's category ids (config.json's _category_ids)
+            class_names   string [N]
+            scores        float32 [N]
+            masks         uint8 [N, H, W] 0/1 at the image's resolution (with MODE_MASK; else [N, 1, 1] zeros)
+
+Before the network: decode to BGR (OpenCV's order, which the model was trained on), resize the
+short edge to PREPROC.TEST_SHORT_EDGE_SIZE within PREPROC.MAX_SIZE (bilinear, the sizes rounded as
+training.data.augment rounds them), pad to a multiple of 32. After: boxes scaled back and clipped
+to the image, masks pasted at the image's resolution as MRCNN.ACCURATE_PASTE says. JPEG is decoded
+with the accurate integer DCT, OpenCV's, so pixels match what training.predict reads; the resize
+rounds like OpenCV's only to within one grey level, so boxes can differ from training.predict's by a
+fraction of a pixel. Unlike OpenCV, TensorFlow's decoder ignores a JPEG's EXIF orientation.
+
+The graph is built for this machine's backbone data format (NHWC on CPU); it runs on a GPU too.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+SIGNATURE = "serving_default"
+INPUT_NAME = "image_bytes"
+OUTPUT_KEYS = ("boxes", "classes", "class_names", "scores", "masks")
+CLASSES_FILE = "classes.json"     # {"categories": [{"id": category id, "name": ...}, ...]}
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(prog="maskrcnn export", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--checkpoint", required=True, help="log dir or checkpoint prefix (model-STEP)")
+    p.add_argument("--output", required=True, help="directory to create for the SavedModel (must not exist, or be empty)")
+    p.add_argument("--config", nargs="*", default=[], metavar="KEY=VALUE",
+                   help="config overrides (e.g. TEST.RESULT_SCORE_THRESH=0.3)")
+    return p.parse_args(argv)
+
+
+# ------------------------------------------------------------------------------ graph pieces
+def decode_bgr(tf, image_bytes):
+    """[H, W, 3] uint8 BGR from JPEG/PNG (also GIF/BMP) bytes; grey and RGBA files give 3 channels."""
+    rgb = tf.cond(tf.io.is_jpeg(image_bytes),
+                  # INTEGER_ACCURATE: libjpeg's default (ISLOW), the one OpenCV uses; TensorFlow's own
+                  # default is the fast DCT, whose pixels differ by a few grey levels.
+                  lambda: tf.io.decode_jpeg(image_bytes, channels=3, dct_method="INTEGER_ACCURATE"),
+                  lambda: tf.io.decode_image(image_bytes, channels=3, dtype=tf.uint8, expand_animations=False))
+    rgb.set_shape([None, None, 3])
+    return tf.reverse(rgb, axis=[-1])
+
+
+def resized_hw(tf, height, width, short_size: float, max_size: float):
+    """training.data.augment.resized_shape in the graph: the same float64 arithmetic and the same
+    round-half-to-even, so the sizes are identical."""
+    h, w = tf.cast(height, tf.float64), tf.cast(width, tf.float64)
+    scale = tf.constant(float(short_size), tf.float64) / tf.minimum(h, w)
+    if max_size:
+        longest = tf.maximum(h, w)
+        scale = tf.where(longest * scale > max_size, tf.constant(float(max_size), tf.float64) / longest, scale)
+    new_h = tf.maximum(1, tf.cast(tf.round(h * scale), tf.int32))
+    new_w = tf.maximum(1, tf.cast(tf.round(w * scale), tf.int32))
+    return new_h, new_w
+
+
+def preprocess(tf, image_bytes, cfg):
+    """``(batch [1, Hp, Wp, 3] uint8, image_hw [1, 2], (sx, sy) float32, (height, width))``, as
+    training.data.pipeline.prepare_test_image prepares a decoded image."""
+    from training.data.examples import SIZE_DIVISOR
+    image = decode_bgr(tf, image_bytes)
+    height, width = tf.shape(image)[0], tf.shape(image)[1]
+    new_h, new_w = resized_hw(tf, height, width, cfg.PREPROC.TEST_SHORT_EDGE_SIZE, cfg.PREPROC.MAX_SIZE)
+    # Bilinear with half-pixel centres and no antialiasing: cv2.resize's INTER_LINEAR.
+    resized = tf.image.resize(image[None], tf.stack([new_h, new_w]), method="bilinear", antialias=False)
+    resized = tf.cast(tf.clip_by_value(tf.round(resized), 0, 255), tf.uint8)
+    pad_h = (new_h + SIZE_DIVISOR - 1) // SIZE_DIVISOR * SIZE_DIVISOR - new_h
+    pad_w = (new_w + SIZE_DIVISOR - 1) // SIZE_DIVISOR * SIZE_DIVISOR - new_w
+    batch = tf.pad(resized, [[0, 0], [0, pad_h], [0, pad_w], [0, 0]])
+    image_hw = tf.stack([new_h, new_w])[None]
+    sx = tf.cast(tf.cast(new_w, tf.float64) / tf.cast(width, tf.float64), tf.float32)
+    sy = tf.cast(tf.cast(new_h, tf.float64) / tf.cast(height, tf.float64), tf.float32)
+    return batch, image_hw, (sx, sy), (height, width)
+
+
+def _interpolation_matrix(tf, coords, size: int, *, clamp: bool):
+    """``[L, size]`` weights that sample a length-``size`` signal at ``coords`` [L] linearly: row i
+    has 1 - f at floor(c) and f at floor(c) + 1. Outside the signal the weight is dropped (a zero
+    border, cv2.remap's BORDER_CONSTANT), or with ``clamp`` the position is clamped (cv2.resize)."""
+    if clamp:
+        coords = tf.clip_by_value(coords, 0.0, float(size - 1))
+    left = tf.floor(coords)
+    frac = (coords - left)[:, None]
+    left = tf.cast(left, tf.int32)
+    # one_hot of an index outside [0, size) is a zero row: exactly the dropped border sample
+    return tf.one_hot(left, size) * (1.0 - frac) + tf.one_hot(left + 1, size) * frac
+
+
+def paste_masks(tf, boxes, masks, height, width, *, accurate: bool, threshold: float = 0.5):
+    """training.model.mask_head.paste_mask for every detection: ``[N, height, width]`` uint8.
+
+    Bilinear sampling on a regular grid is separable, so each pasted mask is
+    ``rows [H, S] @ mask [S, S] @ cols [W, S]^T``, restricted to the pixels paste_mask covers."""
+    size = masks.shape[-1]
+    xs_all = tf.cast(tf.range(width), tf.float32)
+    ys_all = tf.cast(tf.range(height), tf.float32)
+
+    def one(args):
+        box, mask = args
+        x1, y1, x2, y2 = box[0], box[1], box[2], box[3]
+        if accurate:
+            # mask bin j covers x1 + [j, j + 1) * (x2 - x1) / S; sampled at the pixel centres
+            xs = (xs_all + 0.5 - x1) / tf.maximum(x2 - x1, 1e-6) * size - 0.5
+            ys = (ys_all + 0.5 - y1) / tf.maximum(y2 - y1, 1e-6) * size - 0.5
+            col_in = (xs_all >= tf.floor(x1)) & (xs_all < tf.math.ceil(x2))
+            row_in = (ys_all >= tf.floor(y1)) & (ys_all < tf.math.ceil(y2))
+        else:
+            # the mask resized to the box rounded to whole pixels (half to even, as Python's round)
+            rx1, ry1 = tf.round(x1), tf.round(y1)
+            rx2, ry2 = tf.maximum(tf.round(x2), rx1 + 1), tf.maximum(tf.round(y2), ry1 + 1)
+            xs = (xs_all - rx1 + 0.5) * (size / (rx2 - rx1)) - 0.5
+            ys = (ys_all - ry1 + 0.5) * (size / (ry2 - ry1)) - 0.5
+            col_in = (xs_all >= rx1) & (xs_all < rx2)
+            row_in = (ys_all >= ry1) & (ys_all < ry2)
+        cols = _interpolation_matrix(tf, xs, size, clamp=not accurate)
+        rows = _interpolation_matrix(tf, ys, size, clamp=not accurate)
+        sampled = tf.matmul(tf.matmul(rows, mask), cols, transpose_b=True)
+        inside = row_in[:, None] & col_in[None, :]
+        return tf.cast((sampled >= threshold) & inside, tf.uint8)
+
+    def pasted():
+        return tf.map_fn(one, (boxes, masks), fn_output_signature=tf.TensorSpec([None, None], tf.uint8))
+
+    # map_fn cannot stack zero masks of a shape known only at run time
+    return tf.cond(tf.shape(boxes)[0] > 0, pasted, lambda: tf.zeros([0, height, width], tf.uint8))
+
+
+def postprocess(tf, cfg, outputs, scale, image_size, category_ids: dict[int, int], class_names: list[str]):
+    """The signature's outputs from the network's (boxes, scores, labels 1..C, soft ROI masks)."""
+    boxes, scores, labels, masks = outputs
+    sx, sy = scale
+    height, width = image_size
+    boxes = tf.reshape(boxes, [-1, 4]) / tf.stack([sx, sy, sx, sy])
+    w, h = tf.cast(width, tf.float32), tf.cast(height, tf.float32)
+    boxes = tf.stack([tf.clip_by_value(boxes[:, 0], 0, w), tf.clip_by_value(boxes[:, 1], 0, h),
+                      tf.clip_by_value(boxes[:, 2], 0, w), tf.clip_by_value(boxes[:, 3], 0, h)], axis=1)
+    labels = tf.cast(labels, tf.int32)
+    # index 0 (background) never occurs: detections are 1..C
+    ids = [0] + [category_ids[i] for i in range(1, len(class_names))]
+    result = {"boxes": boxes,
+              "classes": tf.gather(tf.constant(ids, tf.int32), labels),
+              "class_names": tf.gather(tf.constant(class_names), labels),
+              "scores": tf.reshape(scores, [-1])}
+    if cfg.MODE_MASK:
+        result["masks"] = paste_masks(tf, boxes, masks, height, width, accurate=cfg.MRCNN.ACCURATE_PASTE)
+    else:
+        result["masks"] = tf.zeros([tf.shape(boxes)[0], 1, 1], tf.uint8)
+    return {k: tf.identity(v, name=f"export/{k}") for k, v in result.items()}
+
+
+# ------------------------------------------------------------------------------ export
+def check_output_dir(output: Path) -> None:
+    if output.exists() and (not output.is_dir() or any(output.iterdir())):
+        raise SystemExit(f"error: {output} exists and is not an empty directory: choose a new --output "
+                         f"(an export is never written over another)")
+
+
+def export(checkpoint_arg: str, output: str | os.PathLike, overrides=()) -> Path:
+    """Write the SavedModel of ``checkpoint_arg`` to ``output``; returns the directory."""
+    from training.predict import load_run_config, predict_session_config, resolve_checkpoint
+
+    output = Path(output)
+    check_output_dir(output)
+    checkpoint, logdir = resolve_checkpoint(checkpoint_arg)
+    cfg, category_ids = load_run_config(logdir, list(overrides))
+    class_names = list(cfg.DATA.CLASS_NAMES)
+    missing = [i for i in range(1, len(class_names)) if i not in category_ids]
+    if missing:
+        raise SystemExit(f"error: {logdir}/config.json's _category_ids has no category for classes {missing} "
+                         f"of {class_names}: export the config the run wrote")
+
+    from training.compat import tf, tf1, use_graph_mode
+    use_graph_mode()
+    from tensorflow.python.saved_model import signature_def_utils, tag_constants
+    from tensorpack.tfutils.sessinit import SmartInit
+    from tensorpack.tfutils.tower import PredictTowerContext
+    from training.callbacks import CONFIG_FILE
+    from training.model.generalized_rcnn import OUTPUT_NAMES, MaskRCNN
+
+    # Written beside the output, then renamed: a failed export leaves no directory that looks finished.
+    staging = output.with_name(output.name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    graph = tf.Graph()
+    with graph.as_default():
+        image_bytes = tf1.placeholder(tf.string, [], name=INPUT_NAME)
+        batch, image_hw, scale, image_size = preprocess(tf, image_bytes, cfg)
+        model = MaskRCNN(cfg)
+        # The training inputs stay unfed placeholders: the inference graph does not use them.
+        unused = [tf1.placeholder(s.dtype, s.shape, s.name) for s in model.inputs()[2:]]
+        with PredictTowerContext(""):
+            model.build_graph(batch, image_hw, *unused)
+        network = [graph.get_tensor_by_name(name + ":0") for name in OUTPUT_NAMES]
+        outputs = postprocess(tf, cfg, network, scale, image_size, category_ids, class_names)
+        signature = signature_def_utils.predict_signature_def(inputs={INPUT_NAME: image_bytes}, outputs=outputs)
+        with tf1.Session(graph=graph, config=predict_session_config()) as sess:
+            sess.run(tf1.global_variables_initializer())
+            SmartInit(checkpoint).init(sess)
+            builder = tf1.saved_model.Builder(str(staging))
+            builder.add_meta_graph_and_variables(sess, [tag_constants.SERVING],
+                                                 signature_def_map={SIGNATURE: signature}, strip_default_attrs=True)
+            builder.save()
+    categories = [{"id": category_ids[i], "name": class_names[i]} for i in range(1, len(class_names))]
+    (staging / CLASSES_FILE).write_text(json.dumps({"categories": categories}, indent=1) + "\n")
+    shutil.copyfile(logdir / CONFIG_FILE, staging / CONFIG_FILE)
+    if output.exists():
+        output.rmdir()   # empty (checked above)
+    os.replace(staging, output)
+    return output
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    out = export(args.checkpoint, args.output, args.config)
+    print(f"exported a SavedModel to {out} (signature {SIGNATURE}: {INPUT_NAME} -> {', '.join(OUTPUT_KEYS)})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
