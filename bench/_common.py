@@ -47,10 +47,10 @@ def dataset(path: str, scale: str = "cpu") -> Path:
     if path:
         return Path(path)
     if scale == "coco":
-        from training.data.coco_fixture import CocoFixtureSpec, generate as generate_coco
+        fixture = load_test_helper("coco_fixture")
         out = Path(tempfile.gettempdir()) / "maskrcnn-bench-coco"
         if not (out / "annotations" / "instances_val2017.json").exists():
-            generate_coco(out, CocoFixtureSpec(**COCO_FIXTURE))
+            fixture.generate(out, fixture.CocoFixtureSpec(**COCO_FIXTURE))
         return out
     from training.configs.cpu_synthetic import DATASET
     from training.data.synthetic import SyntheticSpec, generate

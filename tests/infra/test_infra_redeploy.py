@@ -126,13 +126,13 @@ class Deployment:
 
     def run(self, argv: list[str]) -> None:
         self.step += 1
-        if argv[:3] == [".venv/bin/python", "-m", "infra.settings"]:
-            assert settings.main(["--file", str(self.settings_file), *argv[3:]]) == 0, argv
-            if argv[3] in ("set", "unset"):
-                keys = {arg.partition("=")[0] for arg in argv[4:]}
+        if argv[:2] == ["maskrcnn", "settings"]:
+            assert settings.main(["--file", str(self.settings_file), *argv[2:]]) == 0, argv
+            if argv[2] in ("set", "unset"):
+                keys = {arg.partition("=")[0] for arg in argv[3:]}
                 for stack in DEPENDENCIES:
                     self.touched.setdefault(stack, set()).update(keys)
-        elif argv[:3] == [".venv/bin/python", "-m", "launch.preflight"]:
+        elif argv[:2] == ["maskrcnn", "preflight"]:
             pass   # read-only checks against the account: tests/launch/test_preflight.py
         elif argv[:3] == ["npx", "cdk", "deploy"]:
             self.deploy(argv[3:])
@@ -221,7 +221,7 @@ def test_the_checker_catches_a_deploy_that_falls_back_to_defaults(tmp_path):
 
 def test_a_dash_c_override_applies_to_one_command_and_the_settings_file_to_all(tmp_path):
     commands = [
-        [".venv/bin/python", "-m", "infra.settings", "set", "worker_count=3"],
+        ["maskrcnn", "settings", "set", "worker_count=3"],
         ["npx", "cdk", "deploy", CLUSTER, "-c", "worker_count=2"],
         ["npx", "cdk", "deploy", SAGEMAKER],
     ]

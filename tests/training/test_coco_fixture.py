@@ -7,7 +7,7 @@ import pytest
 from pycocotools import mask as mask_utils
 from pycocotools.coco import COCO
 
-from training.data import coco_fixture
+import coco_fixture
 from training.data.augment import resized_shape
 
 SPEC = coco_fixture.CocoFixtureSpec(train=16, val=8, seed=1)

@@ -17,7 +17,7 @@ COCO_BATCH = ["DATA.TRAIN=('train2017',)", "DATA.VAL=('val2017',)", "TRAIN.BATCH
 @pytest.fixture(scope="module")
 def coco_split(tmp_path_factory):
     from training.data.coco import load_split
-    from training.data.coco_fixture import CocoFixtureSpec, generate
+    from coco_fixture import CocoFixtureSpec, generate
     out = tmp_path_factory.mktemp("coco_pipeline")
     generate(out, CocoFixtureSpec(train=16, val=1, seed=4))
     return load_split(out, "train2017")

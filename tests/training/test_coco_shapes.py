@@ -19,7 +19,7 @@ NARROW = coco_narrow.OVERRIDES + [
 @pytest.fixture(scope="module")
 def coco_like(tmp_path_factory):
     from training.data.coco import load_split
-    from training.data.coco_fixture import CocoFixtureSpec, generate
+    from coco_fixture import CocoFixtureSpec, generate
     out = tmp_path_factory.mktemp("coco_like")
     generate(out, CocoFixtureSpec(train=8, val=2, seed=3))
     return load_split(out, "train2017")

@@ -17,7 +17,7 @@ from training.config import finalize, new_config
 @pytest.fixture(scope="module")
 def coco_like(tmp_path_factory):
     from training.data.coco import load_split
-    from training.data.coco_fixture import CocoFixtureSpec, generate
+    from coco_fixture import CocoFixtureSpec, generate
     out = tmp_path_factory.mktemp("coco_like")
     generate(out, CocoFixtureSpec(train=2, val=1, seed=5))
     return out, load_split(out, "train2017"), load_split(out, "val2017")

@@ -74,7 +74,7 @@ TRACE = textwrap.dedent("""
 
 @pytest.fixture(scope="module")
 def coco_data(tmp_path_factory):
-    from training.data.coco_fixture import CocoFixtureSpec, generate
+    from coco_fixture import CocoFixtureSpec, generate
     out = tmp_path_factory.mktemp("coco_startup")
     generate(out, CocoFixtureSpec(train=8, val=2, seed=6))
     return out

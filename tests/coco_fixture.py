@@ -21,7 +21,7 @@ segmentation. Image ``k`` of a split is fully determined by the seed and ``k``; 
 features cycle with ``k`` (``IMAGE_KINDS``), so any split of ``len(IMAGE_KINDS)`` images or more
 holds every size and every kind. Command::
 
-    python -m training.data.coco_fixture --output data/coco_fixture --train 200 --val 16 --seed 0
+    python tests/coco_fixture.py --output data/coco_fixture --train 200 --val 16 --seed 0
 """
 from __future__ import annotations
 
@@ -222,7 +222,7 @@ def _write_split(output: Path, split: str, count: int, spec: CocoFixtureSpec,
                        "width": int(image.shape[1])})
         annotations.extend(anns)
     dataset = {
-        "info": {"description": "COCO-realistic fixture (training/data/coco_fixture.py)",
+        "info": {"description": "COCO-realistic fixture (tests/coco_fixture.py)",
                  "spec": dataclasses.asdict(spec)},
         "licenses": [],
         "images": images,
@@ -244,7 +244,7 @@ def generate(output: str | os.PathLike, spec: CocoFixtureSpec = CocoFixtureSpec(
 def main(argv: list[str] | None = None) -> int:
     defaults = CocoFixtureSpec()
     parser = argparse.ArgumentParser(
-        prog="python -m training.data.coco_fixture",
+        prog="python tests/coco_fixture.py",
         description="Write a small COCO-realistic dataset: COCO image sizes, grayscale and unannotated "
                     "images, crowd RLE, many small objects, COCO's 80 category ids.")
     parser.add_argument("--output", required=True, help="dataset directory (created; files overwritten)")
