@@ -148,8 +148,9 @@ def paste_masks(tf, boxes, masks, height, width, *, accurate: bool, threshold: f
 
 
 def postprocess(tf, cfg, outputs, scale, image_size, category_ids: dict[int, int], class_names: list[str]):
-    """The signature's outputs from the network's (boxes, scores, labels 1..C, soft ROI masks)."""
-    boxes, scores, labels, masks = outputs
+    """The signature's outputs from the network's (boxes, scores, labels 1..C, soft ROI masks,
+    detections per image): a batch of one image, so every detection is its."""
+    boxes, scores, labels, masks, _per_image = outputs
     sx, sy = scale
     height, width = image_size
     boxes = tf.reshape(boxes, [-1, 4]) / tf.stack([sx, sy, sx, sy])
