@@ -41,6 +41,7 @@ from botocore.exceptions import ClientError
 
 from infra import outputs
 from infra.config import EBS_VOLUME_GIB
+from infra.node_contract import EFS_MOUNT
 from launch import cost
 from launch.aws import LaunchError, make_session, require_output, stack_outputs
 
@@ -49,7 +50,6 @@ CDK_CLI = REPO_ROOT / "node_modules" / ".bin" / "cdk"
 STACK_IDS = (outputs.NETWORK_STORAGE_STACK, outputs.EFS_CLUSTER_STACK, outputs.SAGEMAKER_STACK)
 PRESET = "cpu_synthetic"
 CDK_BOOTSTRAP_PARAMETER = "/cdk-bootstrap/hnb659fds/version"
-EFS_MOUNT = "/efs"                  # on the cluster nodes (infra/userdata/cluster_node.sh)
 CONTAINER = "maskrcnn"              # the training container on every node
 JOB_COMMAND = ("/usr/local/bin/maskrcnn", "job")
 

@@ -27,14 +27,9 @@ from constructs import Construct
 
 from infra.constructs.acknowledge import acknowledge
 from infra.constructs.network import allow_all_traffic_within
+from infra.node_contract import CLUSTER_DIR, CLUSTER_ENV, EFS_MOUNT, FSX_MOUNT, NVME_MOUNT
 from infra.userdata import CLUSTER_NODE_BOOTSTRAP, CLUSTER_NODE_SCRIPT, script_body, sha256_of
 
-EFS_MOUNT = "/efs"
-# The FSx for Lustre file system, when the app has one (the DLAMI cluster example's run.sh looked here first).
-FSX_MOUNT = "/fsx"
-# Where the Deep Learning AMI mounts the instance-store NVMe (g5, p4d, p5 have it): a local copy
-# of the dataset there takes the reads off EFS during training.
-NVME_MOUNT = "/opt/dlami/nvme"
 # Ubuntu-based Deep Learning AMIs boot from /dev/sda1 (an AL2 image would use /dev/xvda).
 ROOT_DEVICE = "/dev/sda1"
 LOGIN_USER = "ubuntu"
@@ -506,8 +501,8 @@ class GpuCluster(Construct):
                **self._boot_failure_guard(prefix, role, group_name)}
         # The boot steps (cluster_node.sh) are not in the user data: the bootstrap fetches them.
         user_data.add_commands(
-            "mkdir -p /etc/maskrcnn",
-            "cat > /etc/maskrcnn/cluster.env <<'EOF'",
+            f"mkdir -p {CLUSTER_DIR}",
+            f"cat > {CLUSTER_ENV} <<'EOF'",
             *(f"{key}={value}" for key, value in env.items()),
             "EOF",
             script_body(CLUSTER_NODE_BOOTSTRAP),

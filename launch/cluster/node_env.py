@@ -4,9 +4,10 @@ boot script (infra/userdata/cluster_node.sh) writes from the stack's values and 
 node reads the cluster from here."""
 from __future__ import annotations
 
+from infra.node_contract import CLUSTER_ENV
 from launch.aws import LaunchError
 
-CLUSTER_ENV = "/etc/maskrcnn/cluster.env"
+__all__ = ["CLUSTER_ENV", "read_cluster_env"]
 
 
 def read_cluster_env(path: str = CLUSTER_ENV) -> dict[str, str]:

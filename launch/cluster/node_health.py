@@ -52,6 +52,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from infra.instance_types import INSTANCE_TYPES
+from infra.node_contract import EFS_MOUNT
 from launch.aws import LaunchError
 from launch.cluster import node_checks as nc
 from launch.cluster.all_reduce import (  # noqa: F401  (the job script's entry points, re-exported)
@@ -69,7 +70,7 @@ EFA_INTERFACES_KEY = "EFA_INTERFACES"              # EFA interfaces the node was
 
 DEFAULT_MIN_FREE_GIB = 10.0
 DEFAULT_FS_TIMEOUT_S = 30.0
-DEFAULT_EFS_MOUNT = "/efs"
+DEFAULT_EFS_MOUNT = EFS_MOUNT
 COMMAND_TIMEOUT_S = 60.0   # nvidia-smi, dmesg, fi_info, loading the NCCL plugin
 DCGM_TIMEOUT_S = 300.0     # dcgmi diag -r 1 takes seconds; its setup can take longer on a loaded node
 SCONTROL_TIMEOUT_S = 10.0  # scontrol retries an unreachable controller; the check must not wait on it

@@ -31,6 +31,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from infra.node_contract import MUNGE_KEY   # written by the boot script from Secrets Manager
 from launch.aws import LaunchError
 from launch.cluster.node_env import CLUSTER_ENV, read_cluster_env
 
@@ -38,7 +39,6 @@ PARTITION = "train"
 MASTER_NODE = "master"
 WORKER_PREFIX = "worker-"
 SLURM_ETC = Path("/etc/slurm")
-MUNGE_KEY = "/etc/maskrcnn/munge.key"      # written by the boot script from Secrets Manager
 MUNGE_SOCKET = "/run/munge/munge.socket.2"  # the default socket the Slurm daemons and commands use
 SLURMCTLD_PORT = 6817
 # A node's health checks (launch/cluster/node_health.py), run by slurmd every HealthCheckInterval
@@ -413,7 +413,7 @@ def main(argv: list[str] | None = None) -> int:
                               state_dir=lay.state, job_log=lay.job_log, log_dir=lay.logs)
             print(json.dumps({"slurm.conf": text}) if a.json else text, end="" if not a.json else "\n")
             return 0
-        health = a.health_checks and env.get("HEALTH_CHECKS", "1") != "0"
+        health = a.health_checks
         return supervise(start_node(env, alive=in_service(env), health_checks=health))
     except LaunchError as err:
         print(f"error: {err}", file=sys.stderr)
