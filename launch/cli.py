@@ -31,6 +31,8 @@ COMMANDS: dict[str, Command] = {
                          "reservations", "maskrcnn preflight --region us-east-1", "set up"),
     "cluster": Command("launch.cluster.capacity", "pause, resume and show the EC2 cluster's node groups",
                        "maskrcnn cluster pause", "set up"),
+    "cost": Command("launch.cost", "what the deployment's cluster (settings.json) or a SageMaker job costs",
+                    "maskrcnn cost --hours 72", "set up"),
     "data": Command("launch.staging.__main__", "stage datasets and weights: download, upload to S3, copy to EFS or FSx",
                     "maskrcnn data download --stage-dir ./stage", "data"),
     "check-data": Command("training.data.check", "validate a COCO-format dataset and render annotated samples",

@@ -53,3 +53,51 @@ def estimate(instance_type: str, instances: int, seconds: float) -> CostEstimate
     """``instances`` of ``instance_type`` for ``seconds`` each, at the recorded price."""
     return CostEstimate(instance_type, instances, max(float(seconds), 0.0),
                         price_per_hour(instance_type))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`maskrcnn cost`: what the deployment's cluster costs an hour (settings.json), or a SageMaker
+    job of --instance-type and --instances, for --hours."""
+    import argparse
+    import json
+    import sys
+    from pathlib import Path
+    p = argparse.ArgumentParser(prog="maskrcnn cost", description=main.__doc__.splitlines()[0])
+    p.add_argument("--hours", type=float, default=1.0, help="how long (default: 1 hour)")
+    p.add_argument("--instance-type", help="an ml.* type for a SageMaker job, instead of the cluster's settings")
+    p.add_argument("--instances", type=int, default=1, help="with --instance-type: the job's instance count")
+    p.add_argument("--settings-file", type=Path, help="the deployment's settings (default: settings.json)")
+    p.add_argument("--json", action="store_true")
+    a = p.parse_args(argv)
+    if a.hours <= 0 or a.instances < 1:
+        print("error: --hours must be more than 0 and --instances at least 1", file=sys.stderr)
+        return 2
+    if a.instance_type:
+        instance_type, instances, what = a.instance_type, a.instances, "SageMaker job"
+    else:
+        from infra.config import ConfigError
+        from infra.settings import load_config
+        try:
+            config = load_config(a.settings_file)
+        except ConfigError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
+        instance_type, instances = config.instance_type, config.worker_count + 1
+        what = "cluster (master and workers, while they run)"
+    result = estimate(instance_type, instances, a.hours * 3600)
+    if result.usd is None:
+        print(f"error: no price recorded for {instance_type}: add it to infra/instance_types.py",
+              file=sys.stderr)
+        return 2
+    if a.json:
+        print(json.dumps({"what": what, "instance_type": instance_type, "instances": instances,
+                          "hours": a.hours, "usd_per_hour": result.usd / a.hours, "usd": result.usd,
+                          "basis": PRICE_BASIS}))
+    else:
+        print(f"{what}: {result.line()}")
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+    sys.exit(main())

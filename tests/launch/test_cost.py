@@ -99,6 +99,24 @@ def test_describe_of_a_finished_job_states_its_cost(sagemaker_env, capsys):
     json.dumps(described, default=str)   # describe prints it as JSON
 
 
+def test_the_cost_command_prices_the_deployment_s_cluster_or_a_sagemaker_job(tmp_path, capsys):
+    """`maskrcnn cost`: p4d.24xlarge at its us-east-1 on-demand list price, $21.96/h (AWS's EC2
+    pricing page), for a master and 3 workers, 2 hours: 4 x 2 x 21.96 = $175.68; 2 ml.m5.xlarge
+    at $0.23/h for 10 hours: $4.60."""
+    settings = tmp_path / "settings.json"
+    settings.write_text(json.dumps({"instance_type": "p4d.24xlarge", "worker_count": 3}))
+    assert cost.main(["--settings-file", str(settings), "--hours", "2", "--json"]) == 0
+    line = json.loads(capsys.readouterr().out)
+    assert (line["instances"], line["usd"]) == (4, pytest.approx(175.68))
+    assert cost.main(["--instance-type", "ml.m5.xlarge", "--instances", "2", "--hours", "10"]) == 0
+    assert "$4.60 = 2 x ml.m5.xlarge x 10.00 h" in capsys.readouterr().out
+    assert cost.main(["--instance-type", "ml.p4d.24xlarge"]) == 2     # no recorded price: said, not guessed
+    assert capsys.readouterr().err == "error: no price recorded for ml.p4d.24xlarge: add it to infra/instance_types.py\n"
+    settings.write_text(json.dumps({"instance_type": "p9.huge"}))
+    assert cost.main(["--settings-file", str(settings)]) == 2
+    assert capsys.readouterr().err.startswith("error: ")
+
+
 def test_the_image_holds_every_infra_module_the_master_commands_import():
     """maskrcnn job (with its cost line), the job body and the idle check run in the training image,
     which holds only what docker/Dockerfile copies: every infra module they import must be among it."""
