@@ -404,7 +404,8 @@ def _finalize(cfg: AttrDict, *, num_ranks: int, class_names, has_gpu) -> None:
              f"BACKBONE.DATA_FORMAT must be one of {DATA_FORMAT_CHOICES}, got {cfg.BACKBONE.DATA_FORMAT!r}")
     if cfg.BACKBONE.DATA_FORMAT == "auto":
         gpu = _gpu_available() if has_gpu is None else has_gpu
-        # NCHW convolutions are ~440x slower than NHWC on CPU (see NOTES.md); cuDNN prefers NCHW.
+        # NCHW convolutions are ~440x slower than NHWC on CPU (TF 2.18: 46.5 s vs 0.105 s for one 3x3
+        # conv at 256 channels, 64x64, forward and backward); cuDNN prefers NCHW.
         cfg.BACKBONE.DATA_FORMAT = "NCHW" if gpu else "NHWC"
     _require(_is_int(cfg.BACKBONE.GN_GROUPS) and cfg.BACKBONE.GN_GROUPS >= 1,
              f"BACKBONE.GN_GROUPS must be >= 1, got {cfg.BACKBONE.GN_GROUPS!r}")
