@@ -25,7 +25,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 
-from script_mode import data, hyperparameters, local
+sys.path.insert(0, str(REPO / "examples"))   # the example is a package of its own there
+from script_mode import data, hyperparameters, local  # noqa: E402
 
 OUT = REPO / "bench" / "results" / "script_mode_compare.json"
 

@@ -15,7 +15,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 # else (virtual env, node_modules, data, cdk.out, tests) stays out: a list of what to keep, so a
 # new large folder cannot slip in.
 KEEP = ("README.md", "requirements.txt", "constraints.txt", "pyproject.toml", "docs", "notebooks",
-        "launch", "training", "script_mode", "infra/__init__.py", "infra/outputs.py",
+        "launch", "training", "examples", "infra/__init__.py", "infra/outputs.py",
         "infra/node_contract.py")
 _ALWAYS_EXCLUDED = ("**/__pycache__", "**/*.pyc", "**/.ipynb_checkpoints")
 

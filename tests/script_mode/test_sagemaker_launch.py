@@ -1,4 +1,4 @@
-"""launch/sagemaker/script_mode.py against a moto server: the CreateTrainingJob request that
+"""examples/script_mode/sagemaker_launch.py against a moto server: the CreateTrainingJob request that
 reaches it, and the code/driver files ModelTrainer staged in the stack's bucket."""
 import json
 import tempfile
@@ -8,8 +8,8 @@ import boto3
 import pytest
 
 from infra import outputs
-from launch.sagemaker import script_mode as launcher
-from launch.sagemaker.script_mode import ScriptModeJob
+from script_mode import sagemaker_launch as launcher
+from script_mode.sagemaker_launch import ScriptModeJob
 from script_mode import data as digits_data
 
 from aws_fakes import BUCKET, STACK_OUTPUTS, capture_requests, deploy_stack

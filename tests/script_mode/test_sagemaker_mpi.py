@@ -29,7 +29,7 @@ def test_job_keys_install_for_root_and_sshd(tmp_path):
 
 
 def test_missing_keys_and_driver_are_named(tmp_path):
-    with pytest.raises(SystemExit, match="lacks id_ed25519, id_ed25519.pub.*python -m launch.sagemaker.script_mode"):
+    with pytest.raises(SystemExit, match="lacks id_ed25519, id_ed25519.pub.*python -m script_mode.sagemaker_launch"):
         sagemaker_mpi.install_ssh(tmp_path, etc_ssh=tmp_path / "e", root_ssh=tmp_path / "r", run_sshd=tmp_path / "s")
     with pytest.raises(SystemExit, match="ModelTrainer started with an MPI distribution"):
         sagemaker_mpi.driver_path({"SM_DISTRIBUTED_DRIVER_DIR": str(tmp_path)})

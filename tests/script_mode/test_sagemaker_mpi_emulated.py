@@ -1,7 +1,7 @@
 """Script mode's horovod strategy on 2 emulated hosts (tests/emulated_hosts.py), run the way SageMaker
 runs the job ModelTrainer (sagemaker 3.x) creates with the project's image.
 
-The job is built by launch/sagemaker/script_mode.py against moto, and the request moto received is
+The job is built by examples/script_mode/sagemaker_launch.py against moto, and the request moto received is
 played out on hosts algo-1 and algo-2: every channel of InputDataConfig is copied from moto's S3 into
 each host's /opt/ml/input/data/<channel>, /opt/ml/input/config holds the resource, data and
 hyperparameter files SageMaker writes, and each host runs the request's ContainerEntrypoint +
@@ -16,8 +16,8 @@ from pathlib import Path
 import boto3
 import pytest
 
-from launch.sagemaker import script_mode as launcher
-from launch.sagemaker.script_mode import ScriptModeJob
+from script_mode import sagemaker_launch as launcher
+from script_mode.sagemaker_launch import ScriptModeJob
 from script_mode import data as digits_data
 
 from aws_fakes import BUCKET, capture_requests, deploy_stack

@@ -7,7 +7,7 @@ root, but brings no keys, and the training image ships none (host keys are never
 image): sshd without a host key exits at once, and root has no identity the others accept, so the
 instances never connect ("Timed out waiting for workers to be reachable").
 
-The launcher (launch/sagemaker/script_mode.py) makes a key pair and a host key for each job
+The launcher (examples/script_mode/sagemaker_launch.py) makes a key pair and a host key for each job
 (:func:`write_job_keys`) and stages them with the code, in ``job_ssh/``; it names this module as the
 job's command. Run on every instance in the driver's place, it installs them:
 
@@ -66,7 +66,7 @@ def install_ssh(keys: Path, *, etc_ssh: Path = Path("/etc/ssh"), root_ssh: Path 
     missing = [n for n in (CLIENT_KEY, f"{CLIENT_KEY}.pub", HOST_KEY, f"{HOST_KEY}.pub") if not (keys / n).is_file()]
     if missing:
         raise SystemExit(f"error: {keys} lacks {', '.join(missing)}: start the job with "
-                         f"python -m launch.sagemaker.script_mode, which stages the job's SSH keys with the code")
+                         f"python -m script_mode.sagemaker_launch, which stages the job's SSH keys with the code")
     client_pub = (keys / f"{CLIENT_KEY}.pub").read_text().strip()
     host_pub = (keys / f"{HOST_KEY}.pub").read_text().strip()
     _write(etc_ssh / HOST_KEY, (keys / HOST_KEY).read_bytes(), 0o600)

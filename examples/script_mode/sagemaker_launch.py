@@ -2,9 +2,9 @@
 asynchronous parameter server or with Horovod all-reduce, as in AWS's SageMaker lab "Distributed
 training with SageMaker's script mode using Parameter Server and Horovod".
 
-    python -m launch.sagemaker.script_mode --strategy ps --instance-count 3 [--dry-run]
-    python -m launch.sagemaker.script_mode --strategy horovod --instance-count 2 --processes-per-host 4
-    python -m launch.sagemaker.script_mode --strategy ps -H epochs=6 -H batch_size=128 --wait
+    PYTHONPATH=examples python -m script_mode.sagemaker_launch --strategy ps --instance-count 3 [--dry-run]
+    PYTHONPATH=examples python -m script_mode.sagemaker_launch --strategy horovod --instance-count 2 --processes-per-host 4
+    PYTHONPATH=examples python -m script_mode.sagemaker_launch --strategy ps -H epochs=6 -H batch_size=128 --wait
 
 Both strategies use ``sagemaker.train.ModelTrainer`` with ``SourceCode``: only the script_mode
 package is uploaded, hyperparameters reach the script as ``--name value`` and the generated
@@ -54,7 +54,7 @@ TF_VERSION = "2.18"                      # constraints.txt's tensorflow major.mi
 PY_VERSION = "py310"
 ENTRY_SCRIPTS = {"ps": "script_mode/sagemaker_ps.py", "horovod": "script_mode/train.py"}
 MPI_ENTRY = "script_mode/sagemaker_mpi.py"  # horovod: every instance's command, before the SDK's MPI driver
-PACKAGE_DIR = Path(__file__).resolve().parents[2] / "script_mode"
+PACKAGE_DIR = Path(__file__).resolve().parent
 OUTPUT_PREFIX = "script-mode"
 
 
@@ -219,7 +219,7 @@ def _hyperparameters(pairs: list[str] | None) -> dict[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m launch.sagemaker.script_mode",
+    p = argparse.ArgumentParser(prog="python -m script_mode.sagemaker_launch",
                                 description=__doc__.splitlines()[0])
     p.add_argument("--strategy", required=True, help="ps or horovod")
     p.add_argument("--instance-type", default=DEFAULT_INSTANCE_TYPE)
