@@ -84,7 +84,7 @@ def test_an_annotation_with_an_unknown_category_is_named(tmp_path):
                          "segmentation": [[1, 1, 6, 1, 6, 6]], "area": 12.5, "iscrowd": 0}],
         "categories": [{"id": 1, "name": "cat"}]}))
     with pytest.raises(coco.DatasetError, match=r"annotation 4 of image 1 has category_id 9, which 'categories' "
-                                                r"does not list; `python -m training\.data\.check --annotations "):
+                                                r"does not list; `maskrcnn check-data --annotations "):
         coco.load_split(tmp_path, "a.json:img")
 
 

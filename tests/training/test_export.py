@@ -92,7 +92,9 @@ def test_saved_model_in_a_fresh_process_detects_what_predict_detects(exported, i
             assert np.abs(boxes - ref_boxes).max() < 0.01, name
             assert np.abs(scores - ref_scores).max() < 1e-4, name
             overlaps = [_overlap(m, r["segmentation"]) for m, r in zip(masks, ref)]
-            assert all(union - inter <= 0.005 * height * width for inter, union in overlaps), (name, overlaps)
+            # each mask: at most 20 px (0.5% of the image) or 5% of the mask's pixels differ
+            assert all(union - inter <= max(0.005 * height * width, 0.05 * union) for inter, union in overlaps), \
+                (name, overlaps)
             assert _iou(overlaps) > 0.95, name
         else:
             # Resized: the graph's bilinear resize rounds to within one grey level of OpenCV's, which

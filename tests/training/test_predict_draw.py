@@ -175,9 +175,26 @@ def test_batched_prediction_gives_each_image_its_own_detections(run_and_images):
     alone, batched = np.load(root / "batch1.npz"), np.load(root / "batch3.npz")
     for i, name in enumerate(CROPS):
         assert len(alone[f"{i}_boxes"]) == len(batched[f"{i}_boxes"]) == 50, name
-        np.testing.assert_array_equal(batched[f"{i}_labels"], alone[f"{i}_labels"], err_msg=name)
-        np.testing.assert_allclose(batched[f"{i}_scores"], alone[f"{i}_scores"], atol=1e-5, err_msg=name)
-        np.testing.assert_allclose(batched[f"{i}_boxes"], alone[f"{i}_boxes"], atol=1e-2, err_msg=name)
+        # The untrained model scores many detections within 1e-6 of each other, so two runs whose
+        # sums round differently may list such a pair in the other order: pair them up by box.
+        pair = _partners(alone[f"{i}_boxes"], alone[f"{i}_labels"], batched[f"{i}_boxes"], batched[f"{i}_labels"])
+        np.testing.assert_array_equal(batched[f"{i}_labels"][pair], alone[f"{i}_labels"], err_msg=name)
+        np.testing.assert_allclose(batched[f"{i}_scores"][pair], alone[f"{i}_scores"], atol=1e-5, err_msg=name)
+        np.testing.assert_allclose(batched[f"{i}_boxes"][pair], alone[f"{i}_boxes"], atol=1e-2, err_msg=name)
         assert alone[f"{i}_masks"].shape == (50,) + cv2.imread(str(root / "images" / name)).shape[:2]
-        differing = np.mean(batched[f"{i}_masks"] != alone[f"{i}_masks"])
+        differing = np.mean(batched[f"{i}_masks"][pair] != alone[f"{i}_masks"])
         assert differing < 1e-3, (name, differing)
+        assert np.mean(pair != np.arange(50)) <= 0.1, (name, pair)     # a few near-ties, not a shuffle
+
+
+def _partners(boxes, labels, other_boxes, other_labels) -> np.ndarray:
+    """For each detection, the index of the nearest one of the same label among the others (each
+    used once)."""
+    distance = np.abs(boxes[:, None, :] - other_boxes[None, :, :]).max(axis=2)
+    distance += 1e6 * (labels[:, None] != other_labels[None, :])
+    pair, used = [], set()
+    for row in distance:
+        j = next(j for j in np.argsort(row, kind="stable") if j not in used)
+        used.add(j)
+        pair.append(j)
+    return np.array(pair)

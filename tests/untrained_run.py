@@ -1,5 +1,5 @@
 """A run's log dir as training leaves it (``config.json`` + a checkpoint), with untrained weights, for
-the tests of ``training.predict``: a tiny cpu_synthetic model on 64 px images that keeps every
+the tests of ``training.predict``, export and serving: a tiny cpu_synthetic model on 64 px images that keeps every
 detection (TEST.RESULT_SCORE_THRESH=0), so even random weights give detections to write and draw.
 
 Building the graph turns eager execution off, so it runs in a process of its own:
@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 
 SAVE_UNTRAINED_RUN = """
 import json, sys
@@ -27,12 +27,17 @@ cfg = new_config()
 cfg.update_args(OVERRIDES + [f"DATA.BASEDIR={data!r}", "PREPROC.TRAIN_SHORT_EDGE_SIZE=[64, 64]",
                              "PREPROC.TEST_SHORT_EDGE_SIZE=64", "PREPROC.MAX_SIZE=64", "TEST.RESULT_SCORE_THRESH=0.0"])
 finalize(cfg, num_ranks=1, class_names=split.class_names, has_gpu=False)
+tf1.set_random_seed(0)   # the same untrained weights in every run: the tests' outcomes do not vary
 model = MaskRCNN(cfg)
 with TowerContext("", is_training=False):
     model.build_graph(*[tf1.placeholder(s.dtype, s.shape, s.name) for s in model.inputs()])
 tf1.train.get_or_create_global_step()
 with tf1.Session() as sess:
     sess.run(tf1.global_variables_initializer())
+    # Decisive masks: initialised, the mask predictor's logits are all near 0 (probabilities near the
+    # 0.5 threshold), so any two correct ways of pasting a mask would disagree on most of its pixels.
+    (predictor,) = [v for v in tf1.global_variables() if v.op.name == "maskrcnn/conv/W"]
+    sess.run(predictor.assign(predictor * 30))
     tf1.train.Saver().save(sess, logdir + "/model-1")
 with open(logdir + "/config.json", "w") as f:
     json.dump({**cfg.to_dict(), "_category_ids": split.contiguous_to_coco_id}, f)
@@ -43,7 +48,7 @@ def python_env() -> dict:
     return dict(os.environ, TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=str(REPO))
 
 
-def run_python(*args, cwd, timeout=600) -> subprocess.CompletedProcess:
+def run_python(*args, cwd=REPO, timeout=600) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, *map(str, args)], cwd=cwd, env=python_env(), capture_output=True,
                           text=True, timeout=timeout)
 
