@@ -1,16 +1,16 @@
 """Deploy a trained Mask R-CNN as a SageMaker real-time endpoint, run batch transform over images in
 S3, and delete an endpoint with what it was made of.
 
-    maskrcnn endpoint deploy (--training-job JOB | --model-data s3://.../model.tar.gz)
+    maskrcnn endpoint deploy (--training-job JOB | --model-data s3://.../model.tar.gz | --model-dir DIR)
                                                [--instance-type ml.g4dn.xlarge] [--instance-count 1] [--wait]
-    maskrcnn endpoint transform (--training-job JOB | --model-data S3_URI)
+    maskrcnn endpoint transform (--training-job JOB | --model-data S3_URI | --model-dir DIR)
                                                --input s3://bucket/images/ --output s3://bucket/detections/
     maskrcnn endpoint delete ENDPOINT
 
 The model is a finished training job's ModelArtifacts (its checkpoint and config.json, which the
-server exports when it starts) or any model.tar.gz in S3 holding either that or a SavedModel from
-``maskrcnn export`` (a cluster run's export, packed with ``tar -czf model.tar.gz -C DIR .``
-and uploaded). Both run in the stack's training image (``serve``: launch/sagemaker/serve.py) with
+server exports when it starts), any model.tar.gz in S3 holding either that or a SavedModel from
+``maskrcnn export``, or a local folder (``--model-dir``: a cluster run's log dir or an export),
+which is packed and uploaded to ``s3://<the stack's bucket>/models/<name>/model.tar.gz`` first. Both run in the stack's training image (``serve``: launch/sagemaker/serve.py) with
 the stack's SageMaker execution role, both read from SageMakerStack's outputs. The model, the
 endpoint configuration and the endpoint share one name (``<base>-<UTC time>-<4 hex>``, as run names);
 ``delete`` finds the configuration and the models from the endpoint. A transform job writes one
@@ -23,7 +23,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
+import tarfile
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import boto3
@@ -85,9 +89,50 @@ def model_data_of_job(session: boto3.session.Session, job_name: str) -> str:
     return uri
 
 
-def _model_data(session, training_job: str | None, model_data: str | None) -> str:
-    if bool(training_job) == bool(model_data):
-        raise LaunchError("name the model: --training-job JOB (its ModelArtifacts) or --model-data s3://.../model.tar.gz")
+MODEL_PREFIX = "models"     # s3://<bucket>/models/<name>/model.tar.gz: a --model-dir, uploaded
+
+
+def model_files(model_dir: str | Path) -> list[Path]:
+    """What a model.tar.gz of ``model_dir`` holds: a SavedModel export whole, or of a run's log dir
+    its latest checkpoint with the ``checkpoint`` file and config.json (what the server exports at
+    start; not the events, the older checkpoints or the logs)."""
+    model_dir = Path(model_dir)
+    if (model_dir / "saved_model.pb").is_file():
+        return sorted(p for p in model_dir.rglob("*") if p.is_file())
+    index = model_dir / "checkpoint"
+    latest = re.search(r'^model_checkpoint_path:\s*"([^"]+)"', index.read_text(), re.M) if index.is_file() else None
+    if not latest or not (model_dir / "config.json").is_file():
+        raise LaunchError(f"--model-dir {model_dir} holds neither a SavedModel (saved_model.pb: `maskrcnn export`) "
+                          f"nor a run's checkpoint with its config.json (a training log dir)")
+    prefix = Path(latest.group(1)).name
+    weights = sorted(p for p in model_dir.glob(f"{prefix}.*") if p.is_file())
+    if not any(p.name.endswith(".index") for p in weights):
+        raise LaunchError(f"--model-dir {model_dir}: its checkpoint file names {prefix}, which is not there")
+    return [index, model_dir / "config.json", *weights]
+
+
+def upload_model(session, model_dir: str | Path, name: str, stack_name: str) -> str:
+    """Packs ``model_dir`` (:func:`model_files`) and uploads it to the stack's bucket; its S3 URI."""
+    files = model_files(model_dir)
+    bucket = require_output(stack_outputs(session, stack_name), outputs.BUCKET_NAME, stack_name)
+    key = f"{MODEL_PREFIX}/{name}/model.tar.gz"
+    with tempfile.TemporaryDirectory() as tmp:
+        archive = Path(tmp) / "model.tar.gz"
+        with tarfile.open(archive, "w:gz") as tar:
+            for path in files:      # SageMaker unpacks it into /opt/ml/model
+                tar.add(path, arcname=str(path.relative_to(model_dir)))
+        session.client("s3").upload_file(str(archive), bucket, key)
+    return f"s3://{bucket}/{key}"
+
+
+def _model_data(session, training_job: str | None, model_data: str | None, model_dir: str | None = None,
+                *, name: str = "", stack_name: str = outputs.SAGEMAKER_STACK) -> str:
+    if sum(map(bool, (training_job, model_data, model_dir))) != 1:
+        raise LaunchError("name the model: --training-job JOB (its ModelArtifacts), --model-data "
+                          "s3://.../model.tar.gz or --model-dir DIR (a run's log dir or an export)")
+    if model_dir:
+        model_files(model_dir)    # checked before anything is uploaded
+        return upload_model(session, model_dir, name, stack_name)
     if model_data:
         if not model_data.startswith("s3://") or not model_data.endswith(".tar.gz"):
             raise LaunchError(f"--model-data {model_data!r} must be the S3 URI of a .tar.gz archive "
@@ -117,14 +162,14 @@ ModelName=name, ExecutionRoleArn=role,
 
 
 def deploy(session: boto3.session.Session, *, training_job: str | None = None, model_data: str | None = None,
-           name: str | None = None, base_name: str = "maskrcnn", instance_type: str = DEFAULT_INSTANCE_TYPE,
+           model_dir: str | None = None, name: str | None = None, base_name: str = "maskrcnn", instance_type: str = DEFAULT_INSTANCE_TYPE,
            instance_count: int = 1, stack_name: str = outputs.SAGEMAKER_STACK, wait: bool = False) -> dict[str, str]:
     """CreateModel, CreateEndpointConfig and CreateEndpoint, all named ``name``; every argument is
     checked before the first request."""
     _check_instances(instance_type, instance_count)
     name = _name(name, base_name)
-    data = _model_data(session, training_job, model_data)
     _stack(session, stack_name)   # its outputs exist, before anything is created
+    data = _model_data(session, training_job, model_data, model_dir, name=name, stack_name=stack_name)
     create_model(session, name, data, stack_name)
     sm = _client(session)   # boto3: see SDK_FALLBACK
     sm.create_endpoint_config(EndpointConfigName=name, ProductionVariants=[{
@@ -138,7 +183,7 @@ def deploy(session: boto3.session.Session, *, training_job: str | None = None, m
 
 
 def transform(session: boto3.session.Session, *, input_uri: str, output_uri: str, training_job: str | None = None,
-              model_data: str | None = None, name: str | None = None, base_name: str = "maskrcnn-transform",
+              model_data: str | None = None, model_dir: str | None = None, name: str | None = None, base_name: str = "maskrcnn-transform",
               instance_type: str = DEFAULT_INSTANCE_TYPE, instance_count: int = 1,
               stack_name: str = outputs.SAGEMAKER_STACK, wait: bool = False) -> dict[str, str]:
     """A model and a batch transform job (same name) over every object under ``input_uri``."""
@@ -151,8 +196,8 @@ def transform(session: boto3.session.Session, *, input_uri: str, output_uri: str
         if not uri.startswith("s3://") or len(uri) <= len("s3://"):
             raise LaunchError(f"{what} {uri!r} must be an S3 prefix, e.g. s3://bucket/images/")
     name = _name(name, base_name)
-    data = _model_data(session, training_job, model_data)
     _stack(session, stack_name)
+    data = _model_data(session, training_job, model_data, model_dir, name=name, stack_name=stack_name)
     create_model(session, name, data, stack_name)
     job = TransformJob.create(
         transform_job_name=name, model_name=name,
@@ -204,6 +249,8 @@ def main(argv: list[str] | None = None) -> int:
         c.add_argument("--stack", default=outputs.SAGEMAKER_STACK)
         c.add_argument("--training-job", help="a completed training job: its model")
         c.add_argument("--model-data", help="S3 URI of a model.tar.gz (a training job's, or an export's)")
+        c.add_argument("--model-dir", help="a local run's log dir or `maskrcnn export` folder: packed and uploaded "
+                                           "to the stack's bucket")
         c.add_argument("--name", help="name of the endpoint (or transform job), its configuration and model "
                                       "(default: <base>-<UTC time>-<4 hex>)")
         c.add_argument("--instance-type", default=DEFAULT_INSTANCE_TYPE)
@@ -218,12 +265,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         session = make_session(a.region)
         if a.command == "deploy":
-            result = deploy(session, training_job=a.training_job, model_data=a.model_data, name=a.name,
+            result = deploy(session, training_job=a.training_job, model_data=a.model_data, model_dir=a.model_dir,
+                            name=a.name,
                             instance_type=a.instance_type, instance_count=a.instance_count, stack_name=a.stack,
                             wait=a.wait)
         elif a.command == "transform":
             result = transform(session, input_uri=a.input, output_uri=a.output, training_job=a.training_job,
-                               model_data=a.model_data, name=a.name, instance_type=a.instance_type,
+                               model_data=a.model_data, model_dir=a.model_dir, name=a.name,
+                               instance_type=a.instance_type,
                                instance_count=a.instance_count, stack_name=a.stack, wait=a.wait)
         else:
             result = delete(session, a.endpoint)

@@ -150,3 +150,50 @@ def test_a_job_that_did_not_complete_or_has_no_model_is_a_clear_error(moto_in_pr
     with pytest.raises(LaunchError, match=f"training job {job} completed but has no model"):
         endpoint.transform(session, training_job=job, input_uri="s3://b/in/", output_uri="s3://b/out/")
     assert session.client("sagemaker").list_models()["Models"] == []
+
+
+def test_a_local_run_or_export_is_packed_uploaded_and_deployed(sagemaker_env, tmp_path):
+    """--model-dir: a cluster run's log dir gives its latest checkpoint, the checkpoint file and
+    config.json (what the server exports at start), nothing else; an export goes whole."""
+    import io
+    import tarfile
+    session = boto3.session.Session()
+    deploy_stack(session)
+    s3 = session.client("s3")
+    s3.create_bucket(Bucket=BUCKET)
+    run = tmp_path / "run"
+    run.mkdir()
+    for name in ("model-5.index", "model-5.data-00000-of-00001", "model-10.index", "model-10.data-00000-of-00001",
+                 "config.json", "events.out.tfevents.1.host", "log.log"):
+        (run / name).write_text(name)
+    (run / "checkpoint").write_text('model_checkpoint_path: "model-10"\nall_model_checkpoint_paths: "model-5"\n'
+                                    'all_model_checkpoint_paths: "model-10"\n')
+    sent = capture_requests(session, "CreateModel")
+    result = endpoint.deploy(session, model_dir=str(run), name="cluster-run-1")
+    uri = f"s3://{BUCKET}/models/cluster-run-1/model.tar.gz"
+    assert result["model_data"] == uri and sent[0]["PrimaryContainer"]["ModelDataUrl"] == uri
+
+    def members(key):
+        body = s3.get_object(Bucket=BUCKET, Key=key)["Body"].read()
+        with tarfile.open(fileobj=io.BytesIO(body)) as tar:
+            return sorted(tar.getnames())
+    assert members("models/cluster-run-1/model.tar.gz") == [
+        "checkpoint", "config.json", "model-10.data-00000-of-00001", "model-10.index"]
+
+    export = tmp_path / "export"
+    (export / "variables").mkdir(parents=True)
+    for name in ("saved_model.pb", "classes.json", "config.json", "variables/variables.index"):
+        (export / name).write_text(name)
+    assert endpoint.main(["deploy", "--model-dir", str(export), "--name", "export-1"]) == 0
+    assert members("models/export-1/model.tar.gz") == ["classes.json", "config.json", "saved_model.pb",
+                                                       "variables/variables.index"]
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(LaunchError, match="holds neither a SavedModel"):
+        endpoint.deploy(session, model_dir=str(empty), name="nothing")
+    (run / "checkpoint").write_text('model_checkpoint_path: "model-20"\n')
+    with pytest.raises(LaunchError, match="names model-20, which is not there"):
+        endpoint.deploy(session, model_dir=str(run), name="nothing")
+    assert "nothing" not in [m["ModelName"] for m in session.client("sagemaker").list_models()["Models"]]
+    assert "Contents" not in s3.list_objects_v2(Bucket=BUCKET, Prefix="models/nothing/")
