@@ -22,6 +22,7 @@ models, endpoint configurations and endpoints with boto3 (why: SDK_FALLBACK's co
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import re
 import sys
@@ -172,11 +173,13 @@ def deploy(session: boto3.session.Session, *, training_job: str | None = None, m
     data = _model_data(session, training_job, model_data, model_dir, name=name, stack_name=stack_name)
     create_model(session, name, data, stack_name)
     sm = _client(session)   # boto3: see SDK_FALLBACK
-    sm.create_endpoint_config(EndpointConfigName=name, ProductionVariants=[{
-        "VariantName": VARIANT_NAME, "ModelName": name, "InstanceType": instance_type,
-        "InitialInstanceCount": instance_count,
-        "ContainerStartupHealthCheckTimeoutInSeconds": STARTUP_TIMEOUT_SECONDS}])
-    sm.create_endpoint(EndpointName=name, EndpointConfigName=name)
+    with _undone_on_failure(sm, name, "endpoint") as created:
+        sm.create_endpoint_config(EndpointConfigName=name, ProductionVariants=[{
+            "VariantName": VARIANT_NAME, "ModelName": name, "InstanceType": instance_type,
+            "InitialInstanceCount": instance_count,
+            "ContainerStartupHealthCheckTimeoutInSeconds": STARTUP_TIMEOUT_SECONDS}])
+        created.append("endpoint_config")
+        sm.create_endpoint(EndpointName=name, EndpointConfigName=name)
     if wait:
         sm.get_waiter("endpoint_in_service").wait(EndpointName=name)
     return {"endpoint": name, "endpoint_config": name, "model": name, "model_data": data}
@@ -199,16 +202,17 @@ def transform(session: boto3.session.Session, *, input_uri: str, output_uri: str
     _stack(session, stack_name)
     data = _model_data(session, training_job, model_data, model_dir, name=name, stack_name=stack_name)
     create_model(session, name, data, stack_name)
-    job = TransformJob.create(
-        transform_job_name=name, model_name=name,
-        transform_input=TransformInput(
-            data_source=TransformDataSource(s3_data_source=TransformS3DataSource(s3_data_type="S3Prefix",
-                                                                                 s3_uri=input_uri)),
-            content_type=TRANSFORM_CONTENT_TYPE, split_type="None"),   # each object is one image, one request
-        transform_output=TransformOutput(s3_output_path=output_uri, accept=TRANSFORM_ACCEPT),
-        transform_resources=TransformResources(instance_type=instance_type, instance_count=instance_count),
-        batch_strategy="SingleRecord", max_payload_in_mb=TRANSFORM_MAX_PAYLOAD_MB,
-        session=session, region=session.region_name)
+    with _undone_on_failure(_client(session), name, "transform job"):
+        job = TransformJob.create(
+            transform_job_name=name, model_name=name,
+            transform_input=TransformInput(
+                data_source=TransformDataSource(s3_data_source=TransformS3DataSource(s3_data_type="S3Prefix",
+                                                                                     s3_uri=input_uri)),
+                content_type=TRANSFORM_CONTENT_TYPE, split_type="None"),   # each object is one image, one request
+            transform_output=TransformOutput(s3_output_path=output_uri, accept=TRANSFORM_ACCEPT),
+            transform_resources=TransformResources(instance_type=instance_type, instance_count=instance_count),
+            batch_strategy="SingleRecord", max_payload_in_mb=TRANSFORM_MAX_PAYLOAD_MB,
+            session=session, region=session.region_name)
     if wait:
         job.wait()
     return {"transform_job": name, "model": name, "model_data": data, "input": input_uri, "output": output_uri}
@@ -230,6 +234,23 @@ def delete(session: boto3.session.Session, name: str) -> dict[str, Any]:
     for model in models:
         sm.delete_model(ModelName=model)
     return {"endpoint": name, "endpoint_config": config_name, "models": models}
+
+
+@contextlib.contextmanager
+def _undone_on_failure(sm, name: str, what: str):
+    """Deletes the model ``name`` (and the endpoint configuration, once the body appends
+    "endpoint_config" to the list it gets) when the body fails: a failed deploy leaves nothing
+    behind to pay for or to collide with the next attempt's name. The failure is a LaunchError."""
+    created: list[str] = []
+    try:
+        yield created
+    except Exception as err:
+        if "endpoint_config" in created:
+            sm.delete_endpoint_config(EndpointConfigName=name)
+        sm.delete_model(ModelName=name)
+        detail = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise LaunchError(f"creating the {what} {name} failed ({detail}); the model and configuration made "
+                          f"for it are deleted again") from err
 
 
 def _check_instances(instance_type: str, instance_count: int) -> None:

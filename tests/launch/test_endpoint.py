@@ -197,3 +197,22 @@ def test_a_local_run_or_export_is_packed_uploaded_and_deployed(sagemaker_env, tm
         endpoint.deploy(session, model_dir=str(run), name="nothing")
     assert "nothing" not in [m["ModelName"] for m in session.client("sagemaker").list_models()["Models"]]
     assert "Contents" not in s3.list_objects_v2(Bucket=BUCKET, Prefix="models/nothing/")
+
+
+def test_a_deploy_that_fails_half_way_leaves_nothing_behind(sagemaker_env, capsys):
+    """CreateEndpointConfig refused after CreateModel succeeded (moto knows an older list of instance
+    types, without ml.g5: a refusal the test can provoke): the model is deleted again, and the error
+    is one line naming what failed."""
+    session = boto3.session.Session()
+    deploy_stack(session)
+    sent = capture_requests(session, "CreateModel")
+    with pytest.raises(LaunchError, match="creating the endpoint half-way failed .*; the model and configuration"):
+        endpoint.deploy(session, model_data=f"s3://{BUCKET}/m/model.tar.gz", name="half-way",
+                        instance_type="ml.g5.xlarge")
+    assert [m["ModelName"] for m in sent] == ["half-way"]                 # it was created ...
+    sm = session.client("sagemaker")
+    assert sm.list_models()["Models"] == [] and sm.list_endpoint_configs()["EndpointConfigs"] == []   # ... and deleted
+    assert endpoint.main(["deploy", "--model-data", f"s3://{BUCKET}/m/model.tar.gz", "--name", "half-way-2",
+                          "--instance-type", "ml.g5.xlarge"]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("error: creating the endpoint half-way-2 failed (") and error.count("\n") == 1
