@@ -8,7 +8,11 @@ without storage, data transfer, or spot and savings-plan discounts.
 """
 from __future__ import annotations
 
+import argparse
+import json
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 from infra.instance_types import INSTANCE_TYPES, SAGEMAKER_PRICES
 
@@ -58,10 +62,6 @@ def estimate(instance_type: str, instances: int, seconds: float) -> CostEstimate
 def main(argv: list[str] | None = None) -> int:
     """`maskrcnn cost`: what the deployment's cluster costs an hour (settings.json), or a SageMaker
     job of --instance-type and --instances, for --hours."""
-    import argparse
-    import json
-    import sys
-    from pathlib import Path
     p = argparse.ArgumentParser(prog="maskrcnn cost", description=main.__doc__.splitlines()[0])
     p.add_argument("--hours", type=float, default=1.0, help="how long (default: 1 hour)")
     p.add_argument("--instance-type", help="an ml.* type for a SageMaker job, instead of the cluster's settings")
@@ -99,5 +99,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    import sys
     sys.exit(main())

@@ -234,12 +234,27 @@ def check_weights_file(path: str, cfg) -> None:
     plan_restore(npz_shapes(path), expected, norm=b.NORM, path=path)
 
 
+def _fed_assigns(variables: dict, names, scope: str) -> tuple[list, list]:
+    """For each name, a placeholder and the op that assigns its value to the variable: the file's
+    values are fed at session start, not baked into the graph as constants. Returns
+    ``([(name, placeholder)], [assign op])``."""
+    from training.compat import tf, tf1
+    feeds, assigns = [], []
+    with tf.name_scope(scope):
+        for name in names:
+            var = variables[name]
+            value = tf1.placeholder(var.dtype.base_dtype, var.shape)
+            feeds.append((name, value))
+            assigns.append(tf1.assign(var, value))
+    return feeds, assigns
+
+
 def strict_backbone_init(path: str, *, norm: str):
     """A tensorpack ``SessionInit`` that restores every backbone variable of the built graph from
     ``path`` (see :func:`plan_restore`), or raises :class:`WeightsError` before the session starts."""
     from tensorpack.tfutils.sessinit import SessionInit
 
-    from training.compat import tf, tf1
+    from training.compat import tf1
 
     class StrictBackboneInit(SessionInit):
         def _setup_graph(self):
@@ -248,14 +263,7 @@ def strict_backbone_init(path: str, *, norm: str):
                                           norm=norm, path=path)
             self.restored, self.ignored = names, ignored
             self.model_backbone = sum(1 for n in variables if BACKBONE_VARIABLE.match(n))
-            self._feeds = []
-            self._assigns = []
-            with tf.name_scope("backbone_weights"):
-                for name in names:
-                    var = variables[name]
-                    value = tf1.placeholder(var.dtype.base_dtype, var.shape)
-                    self._feeds.append((name, value))
-                    self._assigns.append(tf1.assign(var, value))
+            self._feeds, self._assigns = _fed_assigns(variables, names, "backbone_weights")
 
         def _run_init(self, sess):
             values = read_npz(path, [name for name, _ in self._feeds])
@@ -433,7 +441,7 @@ def strict_finetune_init(path: str):
     count keep their initial values), or raises :class:`WeightsError` before the session starts."""
     from tensorpack.tfutils.sessinit import SessionInit
 
-    from training.compat import tf, tf1
+    from training.compat import tf1
 
     class StrictFinetuneInit(SessionInit):
         def _setup_graph(self):
@@ -441,13 +449,7 @@ def strict_finetune_init(path: str):
             variables = {v.op.name: v for v in tf1.global_variables() if is_model_variable(v.op.name, v.op.name in trainable)}
             self.plan = plan_finetune(model_file_shapes(path), {n: tuple(v.shape) for n, v in variables.items()},
                                       path=path, every_entry_is_a_variable=path.endswith(".npz"))
-            self._feeds, self._assigns = [], []
-            with tf.name_scope("model_weights"):
-                for name in self.plan.restore:
-                    var = variables[name]
-                    value = tf1.placeholder(var.dtype.base_dtype, var.shape)
-                    self._feeds.append((name, value))
-                    self._assigns.append(tf1.assign(var, value))
+            self._feeds, self._assigns = _fed_assigns(variables, self.plan.restore, "model_weights")
 
         def _run_init(self, sess):
             values = read_model_file(path, [name for name, _ in self._feeds])
