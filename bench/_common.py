@@ -16,11 +16,12 @@ os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
-def load_test_helper(name: str):
-    """A helper module of tests/ (not a package) by its path: the emulated hosts, moto, ..."""
+def load_test_helper(name: str, under: str = ""):
+    """A helper module of tests/ (not a package) by its path: the emulated hosts, moto, the narrow
+    COCO-shapes settings (``under="training"``), ..."""
     if name in sys.modules:
         return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, REPO / "tests" / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(name, REPO / "tests" / under / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     spec.loader.exec_module(module)

@@ -20,7 +20,8 @@ import tempfile
 from pathlib import Path
 
 import _common
-from training.configs import coco_narrow
+
+coco_narrow = _common.load_test_helper("coco_narrow", under="training")
 
 COCO_SHAPES_NARROW = coco_narrow.OVERRIDES + [
     "DATA.NUM_WORKERS=2", "TRAIN.BATCH_SIZE_PER_GPU=4", "TEST.RESULTS_PER_IM=20",

@@ -298,6 +298,9 @@ def main(argv: list[str] | None = None) -> int:
         else:
             result = delete(session, a.endpoint)
         print(json.dumps(result, indent=2))
+        if a.command == "deploy":   # stdout stays JSON for scripts
+            print(f"endpoint {result['endpoint']} is billed by the hour until it is deleted: "
+                  f"maskrcnn endpoint delete {result['endpoint']}", file=sys.stderr)
     except LaunchError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

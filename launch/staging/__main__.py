@@ -10,8 +10,8 @@ Your own dataset, a folder of any layout, under a name of its own (never COCO's 
     maskrcnn data to-efs --name mine                        # -> /efs/data/mine
 
 FSx for Lustre, where the stacks have it, shows ``s3://<bucket>/data/<name>/`` as ``/fsx/<name>``.
-``upload`` and ``to-efs`` read the bucket from the stack's BucketName output (``--stack``), or take
-``--bucket``. Each command can be rerun: finished work is skipped.
+``upload`` and ``to-efs`` read the bucket from a stack's BucketName output (``--stack``, by default
+the first of BUCKET_STACKS these credentials may read), or take ``--bucket``. Each command can be rerun: finished work is skipped.
 """
 from __future__ import annotations
 
@@ -21,6 +21,8 @@ import sys
 from pathlib import Path
 
 from infra import outputs
+from botocore.exceptions import ClientError
+
 from launch.aws import LaunchError, make_session, require_output, stack_outputs
 from launch.staging import download as dl
 from launch.staging import s3sync
@@ -31,7 +33,10 @@ DATA_PREFIX = outputs.LUSTRE_IMPORT_PREFIX
 COCO_NAME = outputs.LUSTRE_COCO_DIR          # COCO 2017 as `download` stages it
 DEFAULT_PREFIX = f"{DATA_PREFIX}/{COCO_NAME}"
 EFS_DATA_DIR = "/efs/data"                   # the cluster nodes' EFS data folder; <name> below it
-DEFAULT_STACK = getattr(outputs, "NETWORK_STORAGE_STACK", outputs.SAGEMAKER_STACK)
+# Every stack has the bucket's name among its outputs, and each role may read only its own stack's
+# (the notebook's SageMakerStack, the cluster nodes' EfsClusterStack): without --stack, the first
+# of these that exists and that these credentials may read is used.
+BUCKET_STACKS = (outputs.SAGEMAKER_STACK, outputs.EFS_CLUSTER_STACK, outputs.NETWORK_STORAGE_STACK)
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 
 
@@ -81,7 +86,25 @@ def _pairs(values: list[str], flag: str) -> dict[str, str]:
 def _bucket(args, session) -> str:
     if args.bucket:
         return args.bucket
-    return require_output(stack_outputs(session, args.stack), outputs.BUCKET_NAME, args.stack)
+    if args.stack:
+        return require_output(stack_outputs(session, args.stack), outputs.BUCKET_NAME, args.stack)
+    tried = []
+    for stack in BUCKET_STACKS:
+        try:
+            found = stack_outputs(session, stack)
+        except LaunchError as err:
+            tried.append(str(err).split(":")[0])
+            continue
+        except ClientError as err:
+            if err.response.get("Error", {}).get("Code") not in ("AccessDenied", "AccessDeniedException"):
+                raise
+            tried.append(f"stack {stack!r} is not readable with these credentials")
+            continue
+        if found.get(outputs.BUCKET_NAME):
+            return found[outputs.BUCKET_NAME]
+        tried.append(f"stack {stack!r} has no {outputs.BUCKET_NAME} output")
+    raise LaunchError(f"no stack's bucket found ({'; '.join(tried)}): deploy the stacks, or pass --stack NAME "
+                      f"(the stack's name as CloudFormation shows it, with its name_prefix) or --bucket")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -101,7 +124,8 @@ def main(argv: list[str] | None = None) -> int:
                        ("to-efs", f"copy s3://BUCKET/{DATA_PREFIX}/<name> to an EFS directory (parallel, resumable)")):
         s = sub.add_parser(name, help=text)
         s.add_argument("--bucket", help="bucket name (default: the stack's BucketName output)")
-        s.add_argument("--stack", default=DEFAULT_STACK, help=f"stack to read the bucket from (default {DEFAULT_STACK})")
+        s.add_argument("--stack", help=f"stack to read the bucket from (default: the first of "
+                                       f"{', '.join(BUCKET_STACKS)} these credentials may read)")
         s.add_argument("--name", help=f"the dataset's name: s3://BUCKET/{DATA_PREFIX}/<name>, {EFS_DATA_DIR}/<name> "
                                       f"(default: {COCO_NAME} for --stage-dir and to-efs, the folder's name for "
                                       f"--dataset-dir)")

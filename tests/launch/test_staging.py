@@ -401,3 +401,29 @@ def test_presigned_get_names_a_missing_object_and_keeps_to_botocore_behind_a_pro
     assert not s3get.usable(client)   # botocore honours the proxy; the plain pool would not
     monkeypatch.setenv("NO_PROXY", "127.0.0.1")
     assert s3get.usable(client)
+
+
+def test_without_stack_the_bucket_comes_from_the_first_stack_these_credentials_may_read(
+        aws_env, coco_site, tmp_path, capsys, monkeypatch):
+    """Each role may read only its own stack's outputs: on a cluster node SageMakerStack's are
+    denied (a recorded AccessDenied), and the bucket comes from EfsClusterStack's."""
+    from aws_fakes import deploy_stack
+    from recorded_aws import Replay
+    session = boto3.session.Session()
+    session.client("s3").create_bucket(Bucket="stack-bucket")
+    assert cli.main(["to-efs", "--efs-dir", str(tmp_path / "none")]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "error: no stack's bucket found (stack 'SageMakerStack' does not exist in us-east-1; stack 'EfsClusterStack' "
+        "does not exist in us-east-1; stack 'NetworkStorageStack' does not exist in us-east-1): deploy the stacks, "
+        "or pass --stack NAME (the stack's name as CloudFormation shows it, with its name_prefix) or --bucket")
+    for stack in ("SageMakerStack", "EfsClusterStack"):
+        deploy_stack(session, stack, {"BucketName": "stack-bucket"})
+    replay = Replay({"DescribeStacks": {"SageMakerStack": "node-role-access-denied"}})
+    replay.install(session)
+    monkeypatch.setattr(cli, "make_session", lambda region=None: session)
+    stage = tmp_path / "stage"
+    shutil.copytree(coco_site.dataset, stage / "coco")
+    assert cli.main(["upload", "--stage-dir", str(stage)]) == 0
+    assert cli.main(["to-efs", "--efs-dir", str(tmp_path / "efs")]) == 0
+    assert _tree(tmp_path / "efs") == _tree(coco_site.dataset)
+    assert replay.answered == [("DescribeStacks", "SageMakerStack")] * 2

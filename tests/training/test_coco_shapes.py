@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from training.config import finalize, new_config
-from training.configs import coco_narrow
+import coco_narrow
 
 # The default model's image sizes, levels (P2-P6), anchors and samplers; only the widths shrink.
 NARROW = coco_narrow.OVERRIDES + [

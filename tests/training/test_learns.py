@@ -1,9 +1,8 @@
 """The learning gate: a small seeded Mask R-CNN trained for about 2 minutes must reach a stated AP50.
 
 Every other training test checks that the trainer runs (finite losses, metrics in range); this one
-checks that it learns. ``python -m training.train --preset learning_gate`` (one process, as the
-other training runs here) trains 1200 steps on a synthetic shapes dataset the test writes
-(training/configs/learning_gate.py), evaluates the 100 validation images with COCOeval, and both
+checks that it learns. ``python -m training.train`` with the gate's settings (tests/training/learning_gate.py;
+one process, as the other training runs here) trains 1200 steps on a synthetic shapes dataset the test writes, evaluates the 100 validation images with COCOeval, and both
 bbox and segm mAP@0.5 in the run's eval_results.json must reach BAR_AP50.
 
 The bar and its margins (docs/training.md, "The learning gate"): five seeds (TRAIN.SEED and the
@@ -33,7 +32,7 @@ BAR_AP50 = 0.5
 
 
 def _gate_run(tmp_path):
-    from training.configs import learning_gate
+    import learning_gate
     from training.data.synthetic import SyntheticSpec, generate
     data = tmp_path / "shapes"
     generate(data, SyntheticSpec(**learning_gate.DATASET))
@@ -43,7 +42,7 @@ def _gate_run(tmp_path):
                PYTHONPATH=str(REPO), TF_DETERMINISTIC_OPS="1", TF_ENABLE_ONEDNN_OPTS="0")
     start = time.time()
     proc = subprocess.run([sys.executable, "-m", "training.train", "--logdir", str(logdir),
-                           "--preset", "learning_gate", "--config", f"DATA.BASEDIR={str(data)!r}"],
+                           "--config", *learning_gate.OVERRIDES, f"DATA.BASEDIR={str(data)!r}"],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=1200)
     return proc, logdir, time.time() - start
 

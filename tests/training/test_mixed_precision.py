@@ -15,7 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from training.configs import coco_narrow
+import coco_narrow
 from training.model import scopes
 
 REPO = Path(__file__).resolve().parents[2]

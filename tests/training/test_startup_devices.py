@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from training.configs import coco_narrow
+import coco_narrow
 from training.metrics import EVALUATION_METRICS, metric_regex
 
 REPO = Path(__file__).resolve().parents[2]

@@ -1,10 +1,10 @@
 """The learning gate (tests/training/test_learns.py): does the model learn, in about 2 minutes on 2 cores?
 
-The CPU preset (cpu_synthetic) on a smaller problem: 96 px images with 16-48 px shapes, 300
-training images, 1200 steps of 2 images in one process (8 passes over the data), LR 0.01 after a
-100-step warmup, x0.1 for the last 100 steps, one COCO evaluation of the 100 validation images at
-the end. Measured AP50 and wall times, and what a broken model scores: docs/training.md, "The
-learning gate". A higher LR learns no faster here: 0.02 ended lower and 0.04 diverged (NaN).
+The CPU preset (training/configs/cpu_synthetic.py) on a smaller problem: 96 px images with 16-48 px
+shapes, 300 training images, 1200 steps of 2 images in one process (8 passes over the data), LR 0.01
+after a 100-step warmup, x0.1 for the last 100 steps, one COCO evaluation of the 100 validation
+images at the end. Measured AP50 and wall times, and what a broken model scores: docs/training.md,
+"The learning gate". A higher LR learns no faster here: 0.02 ended lower and 0.04 diverged (NaN).
 """
 from __future__ import annotations
 
