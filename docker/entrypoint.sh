@@ -6,7 +6,7 @@
 #   cluster-node         EC2 cluster node: the Slurm daemons (munged, slurmd; slurmctld on the
 #                        master) and the interruption watcher
 #   job ARGS             on the master: training runs as Slurm jobs (submit, status, logs, stop, list)
-#   maskrcnn ARGS        the project's command (launch/cli.py); the master's /usr/local/bin/maskrcnn
+#   maskrcnn ARGS        the project's command (launch/cli.py); every node's /usr/local/bin/maskrcnn
 #   anything else        run as a command (e.g. bash)
 set -euo pipefail
 

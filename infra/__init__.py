@@ -1,3 +1,3 @@
-"""The CDK app's code: the card's stacks/ and constructs/ live here as infra/stacks and
-infra/constructs, because a top-level package named `constructs` would shadow the `constructs`
+"""The CDK app's code: stacks (infra/stacks, which only compose) and constructs (infra/constructs),
+kept under infra/ because a top-level package named `constructs` would shadow the `constructs`
 library that aws-cdk-lib imports."""

@@ -30,12 +30,15 @@ MASTER_ADDRESS = "MasterAddress"
 # EfsClusterStack: the AMI id the nodes run (the SSM parameter's value at deploy, or the pinned id).
 CLUSTER_AMI_ID = "ClusterAmiId"
 
+# Both training stacks: the console URL of the deployment's CloudWatch dashboard.
+DASHBOARD_URL = "DashboardUrl"
+
 # Both training stacks, when fsx_lustre_storage_gib > 0: the FSx for Lustre file system.
 LUSTRE_FILE_SYSTEM_ID = "LustreFileSystemId"
 LUSTRE_MOUNT_NAME = "LustreMountName"          # the SageMaker channel's path starts /<mount name>
 LUSTRE_SUBNET_ID = "LustreSubnetId"            # its zone's private subnet: where jobs must run
 
 # The FSx for Lustre file system shows s3://<data bucket>/<LUSTRE_IMPORT_PREFIX>/ as files, so the
-# dataset staged under data/coco (launch.staging) is <mount>/coco: /fsx/coco on the cluster.
+# dataset staged under data/coco (maskrcnn data upload) is <mount>/coco: /fsx/coco on the cluster.
 LUSTRE_IMPORT_PREFIX = "data"
 LUSTRE_COCO_DIR = "coco"

@@ -10,7 +10,7 @@ creates anything, then runs these steps, and ALWAYS tears down what it deployed:
             next to any real one
   dataset   the synthetic shapes dataset of the CPU preset, generated here and uploaded to the
             deployment's bucket
-  stage     S3 -> EFS on the master (SSM Run Command: ``launch.staging to-efs`` in its container)
+  stage     S3 -> EFS on the master (SSM Run Command: ``python -m launch.staging to-efs`` in its container)
   train     a 2-instance SageMaker job (launcher, ml.m5.xlarge) and a 2-node cluster job
             (``maskrcnn job submit --wait`` on the master over SSM: a Slurm job), both with the cpu_synthetic preset, at once
   results   both runs' final COCO tables from EFS; bbox and segm mAP@0.5 must reach the CPU demo's

@@ -81,8 +81,8 @@ class SharedFileSystem(Construct):
             string_value=self.file_system_id,
             description="Id of the shared EFS file system, read by the training stacks")
         if not existing_file_system_id:
-            # Keeps the export that training stacks deployed by earlier versions of this app
-            # import, so this version's shared stack can be deployed under them.
+            # CloudFormation refuses to drop an export that a deployed stack imports: training
+            # stacks whose templates import the id (rather than read its parameter) keep working.
             stack.export_value(self.file_system_id)
         self.burst_credit_alarm: cloudwatch.Alarm | None = None
         if throughput_mode == "bursting":

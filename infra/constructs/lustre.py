@@ -72,7 +72,7 @@ class LustreCache(Construct):
             lustre_configuration=fsx.LustreConfiguration(
                 deployment_type=fsx.LustreDeploymentType.SCRATCH_2,
                 import_path=f"s3://{data_bucket.bucket_name}/{LUSTRE_IMPORT_PREFIX}",
-                # Objects uploaded after creation (`launch.staging upload`) appear without a
+                # Objects uploaded after creation (`maskrcnn data upload`) appear without a
                 # manual import task.
                 auto_import_policy=fsx.LustreAutoImportPolicy.NEW_CHANGED_DELETED),
             removal_policy=RemovalPolicy.DESTROY)

@@ -46,7 +46,6 @@ from training import metrics as m
 PERIOD = Duration.minutes(1)
 # Evaluation figures arrive once per evaluation: graphed as points over longer periods.
 EVALUATION_PERIOD = Duration.minutes(5)
-DASHBOARD_URL_OUTPUT = "DashboardUrl"
 # The auto-scaling causes of a replacement (EC2 Auto Scaling user guide, "View the reason for
 # health check failures"; troubleshooting "Health checks"): "... in response to an EC2 health check
 # indicating it has been terminated or stopped", "... an EC2 instance status checks failure",

@@ -37,9 +37,9 @@ def build_context_excludes(directory: Path, file: str) -> list[str]:
     """Everything but the Dockerfile and what it copies, in .dockerignore syntax.
 
     The asset hash (the image tag) is the hash of the staged context, and the tag is written into
-    the nodes' user data: a context of "the repository minus a list" changed the tag whenever
-    infra/ or a README changed, and a replacement node then pulled an image whose code no longer
-    matched the running nodes'. Derived from the Dockerfile, the context cannot drift from it.
+    the nodes' user data: a context of "the repository minus a list" would change the tag whenever
+    infra/ or a README changed, and a replacement node would then pull an image whose code differs
+    from the running nodes'. Derived from the Dockerfile, the context cannot drift from it.
     """
     keep = (file, *dockerfile_copy_sources(directory / file))
     return ["*", *(f"!{path}" for path in keep), *_ALWAYS_EXCLUDED]

@@ -11,7 +11,7 @@ from infra.constructs.cluster import LOGIN_USER, GpuCluster, LustreMount, NodeSp
 from infra.constructs.file_system import allow_nfs_from
 from infra.constructs.lustre import allow_lustre_from
 from infra.constructs.machine_image import cluster_machine_image
-from infra.constructs.monitoring import DASHBOARD_URL_OUTPUT, ClusterMonitoring
+from infra.constructs.monitoring import ClusterMonitoring
 from infra.constructs.training_image import TrainingImage
 from infra.stacks.common_outputs import add_shared_outputs
 from infra.stacks.network_storage import NetworkStorageStack
@@ -98,5 +98,5 @@ class EfsClusterStack(Stack):
             group_names=(self.cluster.master_group_name, self.cluster.worker_group_name),
             file_system_id=shared.file_system.id_in(self), lustre_file_system_id=lustre_id,
             stall_minutes=config.stall_alarm_minutes)
-        CfnOutput(self, DASHBOARD_URL_OUTPUT, value=self.monitoring.dashboard_url,
+        CfnOutput(self, outputs.DASHBOARD_URL, value=self.monitoring.dashboard_url,
                   description="CloudWatch dashboard of the training runs and the nodes")

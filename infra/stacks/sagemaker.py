@@ -9,7 +9,7 @@ from infra import outputs
 from infra.config import AppConfig
 from infra.constructs.file_system import allow_nfs_from
 from infra.constructs.lustre import allow_lustre_from
-from infra.constructs.monitoring import DASHBOARD_URL_OUTPUT, SageMakerMonitoring
+from infra.constructs.monitoring import SageMakerMonitoring
 from infra.constructs.notebook import Notebook
 from infra.constructs.training_image import TrainingImage
 from infra.constructs.training_job import TrainingJobAccess
@@ -60,5 +60,5 @@ class SageMakerStack(Stack):
             file_system_id=shared.file_system.id_in(self),
             lustre_file_system_id=(shared.lustre.value_in(self, "file_system_id") if shared.lustre.enabled
                                    else None))
-        CfnOutput(self, DASHBOARD_URL_OUTPUT, value=self.monitoring.dashboard_url,
+        CfnOutput(self, outputs.DASHBOARD_URL, value=self.monitoring.dashboard_url,
                   description="CloudWatch dashboard of the SageMaker training jobs")

@@ -10,7 +10,7 @@ Each is a thin wrapper over Slurm's own commands (sbatch, squeue, scancel, scont
 job-completion log), which work directly too: a run is the job named after it.
 
 A run is its log directory, ``<EFS>/logs/<run name>``: checkpoints, config.json, heartbeat.json and
-the job's output (``slurm-<job id>.out``). Every run gets its own name (``maskrcnn-<UTC time>``)
+the job's output (``slurm-<job id>.out``). Every run gets its own name (``maskrcnn-<UTC time>-<4 hex digits>``)
 unless the user gives one; a name whose directory exists is refused unless ``--resume`` is given,
 so a new run never resumes or overwrites an old one. The SageMaker launcher names jobs by the same
 rule (:func:`launch.run_names.new_run_name`).
@@ -211,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     s = sub.add_parser("submit", help="queue a training run", epilog="example: maskrcnn job submit "
                        "TRAIN.LR_EPOCH_SCHEDULE='[(16, 0.1), (20, 0.01), (24, None)]'")
     s.add_argument("overrides", nargs="*", help="training config overrides, KEY=VALUE (training/config.py)")
-    s.add_argument("--run-name", help="default: maskrcnn-<UTC time>, a new run")
+    s.add_argument("--run-name", help="default: maskrcnn-<UTC time>-<4 hex digits>, a new run")
     s.add_argument("--resume", action="store_true", help="continue the named run from its latest checkpoint")
     s.add_argument("--nodes", type=int, help="default: every node of the cluster (master and workers)")
     data = s.add_mutually_exclusive_group()

@@ -2,7 +2,7 @@
 
 ``choose_data`` picks the directory: --data-dir, else FSx for Lustre's copy of the named dataset
 (``/fsx/<name>``), else EFS's (``/efs/data/<name>``), copied to the node's instance-store NVMe when it
-has one; the name is ``coco`` unless the run names its own dataset (``launch.staging upload
+has one; the name is ``coco`` unless the run names its own dataset (``maskrcnn data upload
 --dataset-dir DIR --name NAME`` put it there). ``STAGE_SCRIPT`` is the copy, run once per node.
 ``dataset_problem`` checks, before a job is queued, that every split the run trains and evaluates
 on is there; ``staged_overrides`` points splits given by absolute paths inside the staged

@@ -22,7 +22,7 @@ import pytest
 from cloudwatch_emf import parse_emf_line, toy_run
 from cdk_synth import REPO_ROOT, VARIANT_CONTEXT, synthesize
 from infra import outputs
-from infra.constructs.monitoring import DASHBOARD_URL_OUTPUT, REPLACEMENT_CAUSES
+from infra.constructs.monitoring import REPLACEMENT_CAUSES
 from infra.userdata import CLUSTER_NODE_SCRIPT
 from training import cloudwatch_metrics as cwm
 from training import metrics as m
@@ -212,7 +212,7 @@ def test_cluster_dashboard_graphs_what_the_trainer_and_the_agent_send(default_sy
         storage = {(ns, name) for ns, name, _, _ in graphed if ns in ("AWS/EFS", "AWS/FSx")}
         assert {("AWS/EFS", "DataReadIOBytes"), ("AWS/EFS", "DataWriteIOBytes")} <= storage
         assert (("AWS/FSx", "DataReadBytes") in storage) == bool(synth.context["fsx_lustre_storage_gib"])
-        parts = synth.templates[CLUSTER]["Outputs"][DASHBOARD_URL_OUTPUT]["Value"]["Fn::Join"][1]
+        parts = synth.templates[CLUSTER]["Outputs"][outputs.DASHBOARD_URL]["Value"]["Fn::Join"][1]
         assert parts[-2] == "#dashboards:name="
         (dashboard,) = synth.resources(CLUSTER, "AWS::CloudWatch::Dashboard")
         assert parts[-1] == {"Ref": dashboard}

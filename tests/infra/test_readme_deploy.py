@@ -37,7 +37,6 @@ import re
 import shlex
 import subprocess
 import sys
-import threading
 import zipfile
 from contextlib import contextmanager
 from pathlib import Path
@@ -50,6 +49,7 @@ from infra import outputs
 from launch.staging import download
 from training.data import synthetic
 
+from local_http import serving
 from cdk_synth import REPO_ROOT, deploy_to_moto, prepare_moto_account, synthesize
 
 sys.path.insert(0, str(REPO_ROOT / "tests" / "launch"))
@@ -129,12 +129,8 @@ def http_proxy(bodies: dict[str, bytes]):
         def log_message(self, *args):
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
+    with serving(Handler) as url:
+        yield url
 
 
 # --- the replay --------------------------------------------------------------------------------

@@ -3,7 +3,7 @@
 A standard R50-FPN from scratch learns almost nothing in 10 minutes on 2 cores (about 0.95 images/s
 at 256 px; bbox AP50 about 0.05 on these shapes after 10 minutes, measured on this kind of machine), so this
 is a much smaller detector sized to the data: 128 px images, a 4-stage ResNet of basic blocks
-8-16-32-64 channels wide with GroupNorm, a 64-channel FPN, one anchor size per level matched to
+16-32-64-128 channels wide with GroupNorm, a 64-channel FPN, one anchor size per level matched to
 the 20-64 px shapes, few sampled ROIs, and a high learning rate with warmup.
 One source of truth: local_job, the tests and bench/ all read OVERRIDES from here.
 """

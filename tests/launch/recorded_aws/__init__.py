@@ -17,13 +17,14 @@ from __future__ import annotations
 import contextlib
 import http.server
 import json
-import threading
 import urllib.parse
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from xml.sax.saxutils import escape
 
 from botocore.awsrequest import AWSResponse
+
+from local_http import serving
 
 HERE = Path(__file__).resolve().parent
 
@@ -160,13 +161,8 @@ class Replay:
             def log_message(self, *args):
                 pass
 
-        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        try:
-            yield f"http://127.0.0.1:{server.server_address[1]}"
-        finally:
-            server.shutdown()
-            server.server_close()
+        with serving(Handler) as url:
+            yield url
 
 
 def _params(body, content_type) -> dict[str, str]:
