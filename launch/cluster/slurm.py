@@ -14,6 +14,9 @@ address takes over the name of the node it replaces, and the node list never cha
 
 ``python -m launch.cluster.slurm node`` is the container's ``cluster-node`` command: it starts the
 daemons in the foreground and exits when any of them exits (Docker then restarts the container).
+A worker also exits when the master it registered with has been replaced (the controller file on
+EFS names another address): its slurmd would go on sending to the old address, so the restarted
+container registers with the new slurmctld, which found the queue on EFS.
 """
 from __future__ import annotations
 
@@ -28,6 +31,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -262,6 +266,18 @@ def _wait_for_controller(lay: Layout, timeout: float, poll: float = 5.0) -> tupl
             time.sleep(poll)
 
 
+def controller_moved(lay: Layout, address: str) -> Callable[[], str | None]:
+    """A check for a worker: the new slurmctld address once the controller file names another one
+    than ``address`` (the one its slurmd was started with); None while it does not."""
+    def moved() -> str | None:
+        try:
+            _, now = lay.controller.read_text().split()
+        except (OSError, ValueError):
+            return None   # being replaced (os.replace is atomic, but EFS may not answer for a moment)
+        return now if now != address else None
+    return moved
+
+
 def _start(argv: list[str]) -> subprocess.Popen:
     print("starting: " + " ".join(argv), flush=True)
     return subprocess.Popen(argv)
@@ -297,10 +313,12 @@ def write_programs(cluster_env: str, node_name: str) -> None:
         path.chmod(0o755)
 
 
-def start_node(env: dict[str, str], *, alive, health_checks: bool = True,
-               controller_wait: float = CONTROLLER_WAIT_S) -> list[subprocess.Popen]:
-    """Starts munged, slurmctld (master) and slurmd under this node's claimed name."""
+def start_node(env: dict[str, str], *, alive, health_checks: bool = True, controller_wait: float = CONTROLLER_WAIT_S,
+               ) -> tuple[list[subprocess.Popen], Callable[[], str | None] | None]:
+    """Starts munged, slurmctld (master) and slurmd under this node's claimed name. Returns the
+    daemons, and on a worker the check of whether the master has moved (:func:`controller_moved`)."""
     lay = layout(env)
+    moved = None
     role, address = env.get("ROLE", "worker"), env.get("PRIVATE_IP")
     instance_id = env.get("INSTANCE_ID")
     if not address or not instance_id:
@@ -340,12 +358,13 @@ def start_node(env: dict[str, str], *, alive, health_checks: bool = True,
         if claim.replaces and claim.replaces != instance_id:
             node_replaced(lay, name, old=claim.replaces, new=instance_id)
         procs.append(_start(["slurmd", "-D", "--conf-server", f"{controller}:{SLURMCTLD_PORT}", "-N", name]))
+        moved = controller_moved(lay, controller)
     # Spot interruption notices and a Capacity Block's end: drain this node and requeue its job
     # in time for a checkpoint (launch/cluster/interruption.py). Not supervised: the node keeps
     # working without it.
     _start([sys.executable, "-m", "launch.cluster.interruption", "--node", name,
             "--cluster-env", env.get("_CLUSTER_ENV_PATH", CLUSTER_ENV)])
-    return procs
+    return procs, moved
 
 
 def node_replaced(lay: Layout, name: str, *, old: str, new: str) -> None:
@@ -368,21 +387,30 @@ def node_replaced(lay: Layout, name: str, *, old: str, new: str) -> None:
           flush=True)
 
 
-def supervise(procs: list[subprocess.Popen]) -> int:
-    """Waits until any daemon exits, stops the others and returns its status."""
+def supervise(procs: list[subprocess.Popen], moved: Callable[[], str | None] | None = None, *,
+              poll_s: float = 1.0, moved_every: int = 10) -> int:
+    """Waits until any daemon exits, stops the others and returns its status; or, with ``moved``,
+    until the master has moved (checked every ``moved_every`` polls), then stops them all and returns 1."""
     def stop(*_):
         for p in procs:
             if p.poll() is None:
                 p.terminate()
     signal.signal(signal.SIGTERM, stop)
     try:
+        polls = 0
         while True:
             for p in procs:
                 if p.poll() is not None:
                     print(f"{p.args[0]} exited ({p.returncode}): stopping the node's daemons", flush=True)
                     stop()
                     return p.returncode or 1
-            time.sleep(1)
+            polls += 1
+            if moved is not None and polls % moved_every == 0 and (address := moved()):
+                print(f"the master's slurmctld is now at {address} (a replaced master): stopping this node's "
+                      f"daemons so that they start again and register there", flush=True)
+                stop()
+                return 1
+            time.sleep(poll_s)
     finally:
         for p in procs:
             try:
@@ -414,7 +442,8 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps({"slurm.conf": text}) if a.json else text, end="" if not a.json else "\n")
             return 0
         health = a.health_checks
-        return supervise(start_node(env, alive=in_service(env), health_checks=health))
+        procs, moved = start_node(env, alive=in_service(env), health_checks=health)
+        return supervise(procs, moved)
     except LaunchError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -64,3 +64,40 @@ def test_names_are_claimed_once_and_taken_over_from_instances_that_left(tmp_path
     # A replaced master takes over the master's name whatever the old one's state.
     assert slurm.claim_name(names, role="master", instance_id="i-m2", worker_count=2, alive=alive) == \
         slurm.Claim("master", replaces="i-m")
+
+
+def _sleepers(n: int) -> list:
+    import subprocess
+    return [subprocess.Popen(["sleep", "600"]) for _ in range(n)]
+
+
+def test_a_worker_restarts_its_daemons_when_the_master_is_replaced(tmp_path, capsys):
+    """A replaced master has a new private address: a worker's slurmd keeps sending to the one it
+    started with, so the worker stops its daemons (the container restarts and registers anew)."""
+    import threading
+    lay = slurm.Layout(efs=str(tmp_path), stack="EmulatedCluster")
+    lay.root.mkdir(parents=True)
+    lay.controller.write_text("ip-10-0-2-4 10.0.2.4\n")
+    moved = slurm.controller_moved(lay, "10.0.2.4")
+    assert moved() is None
+    lay.controller.write_text("garbled")            # half-written or unreadable: not a move
+    assert moved() is None
+    lay.controller.write_text("ip-10-0-2-4 10.0.2.4\n")
+
+    procs = _sleepers(2)
+    # The master comes back at another address while the worker's daemons run.
+    timer = threading.Timer(0.3, lambda: lay.controller.write_text("ip-10-0-3-9 10.0.3.9\n"))
+    timer.start()
+    assert slurm.supervise(procs, moved, poll_s=0.05, moved_every=2) == 1
+    assert all(p.poll() is not None for p in procs)
+    assert "now at 10.0.3.9 (a replaced master)" in capsys.readouterr().out
+
+
+def test_a_daemon_that_exits_ends_the_node_and_an_unmoved_master_does_not(tmp_path):
+    import subprocess
+    lay = slurm.Layout(efs=str(tmp_path), stack="EmulatedCluster")
+    lay.root.mkdir(parents=True)
+    lay.controller.write_text("ip-10-0-2-4 10.0.2.4\n")
+    procs = [subprocess.Popen(["sh", "-c", "sleep 0.5; exit 7"]), *_sleepers(1)]
+    assert slurm.supervise(procs, slurm.controller_moved(lay, "10.0.2.4"), poll_s=0.05, moved_every=1) == 7
+    assert all(p.poll() is not None for p in procs)
