@@ -441,8 +441,7 @@ def main(argv: list[str] | None = None) -> int:
                               state_dir=lay.state, job_log=lay.job_log, log_dir=lay.logs)
             print(json.dumps({"slurm.conf": text}) if a.json else text, end="" if not a.json else "\n")
             return 0
-        health = a.health_checks
-        procs, moved = start_node(env, alive=in_service(env), health_checks=health)
+        procs, moved = start_node(env, alive=in_service(env), health_checks=a.health_checks)
         return supervise(procs, moved)
     except LaunchError as err:
         print(f"error: {err}", file=sys.stderr)

@@ -132,8 +132,7 @@ def _model_data(session, training_job: str | None, model_data: str | None, model
         raise LaunchError("name the model: --training-job JOB (its ModelArtifacts), --model-data "
                           "s3://.../model.tar.gz or --model-dir DIR (a run's log dir or an export)")
     if model_dir:
-        model_files(model_dir)    # checked before anything is uploaded
-        return upload_model(session, model_dir, name, stack_name)
+        return upload_model(session, model_dir, name, stack_name)   # checks the folder before uploading
     if model_data:
         if not model_data.startswith("s3://") or not model_data.endswith(".tar.gz"):
             raise LaunchError(f"--model-data {model_data!r} must be the S3 URI of a .tar.gz archive "

@@ -9,8 +9,6 @@ deployed; moto's CloudFormation does not model updates.
 """
 from __future__ import annotations
 
-import re
-import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,7 +16,8 @@ import pytest
 
 from infra import settings
 
-from cdk_synth import REPO_ROOT, synthesize
+from cdk_synth import synthesize
+from readme_block import readme_commands
 
 SHARED, CLUSTER, SAGEMAKER = "NetworkStorageStack", "EfsClusterStack", "SageMakerStack"
 DEPENDENCIES = {CLUSTER: [SHARED], SAGEMAKER: [SHARED], SHARED: []}
@@ -95,20 +94,8 @@ OWNERS = {
 # --- the README's deploy commands ----------------------------------------------------------------
 
 def readme_deploy_commands() -> list[list[str]]:
-    """The commands of step 1 ("Infrastructure") of the README's deploy block, comments removed
-    and continuation lines joined, as argv lists."""
-    text = (REPO_ROOT / "README.md").read_text()
-    section = text[text.index("## Deploy, train, monitor, tear down"):]
-    block = section[section.index("```bash") + len("```bash"):]
-    block = block[:block.index("```")]
-    step = block[:block.index("# 2. ")]
-    joined = re.sub(r"\\\n\s*", " ", step)
-    commands = []
-    for line in joined.splitlines():
-        argv = shlex.split(line, comments=True)
-        if argv:
-            commands.append(argv)
-    return commands
+    """The commands of step 1 ("Infrastructure") of the README's deploy block, as argv lists."""
+    return [argv for step, argv in readme_commands() if step == "1"]
 
 
 @dataclass

@@ -51,6 +51,7 @@ from training.data import synthetic
 
 from local_http import serving
 from cdk_synth import REPO_ROOT, deploy_to_moto, prepare_moto_account, synthesize
+from readme_block import readme_commands
 
 sys.path.insert(0, str(REPO_ROOT / "tests" / "launch"))
 from recorded_aws import Replay  # noqa: E402
@@ -65,25 +66,6 @@ P_QUOTA, EIP_QUOTA = "L-417A185B", "L-0263D0A3"
 QUOTAS_BEFORE = {"GetServiceQuota": {P_QUOTA: "p-192", EIP_QUOTA: "elastic-ip-5"}}
 QUOTAS_AFTER = {"GetServiceQuota": {P_QUOTA: "p-384", EIP_QUOTA: "elastic-ip-5"}}
 COCO_ARCHIVES = ("train2017.zip", "val2017.zip", "annotations_trainval2017.zip")
-
-
-def readme_commands() -> list[tuple[str, list[str]]]:
-    """(step heading, argv) of each command of the README's deploy block: comments dropped,
-    continuation lines joined, `a && b` split."""
-    text = (REPO_ROOT / "README.md").read_text()
-    section = text[text.index("## Deploy, train, monitor, tear down"):]
-    block = section[section.index("```bash") + len("```bash"):]
-    block = re.sub(r"\\\n\s*", " ", block[:block.index("```")])
-    commands, step = [], ""
-    for line in block.splitlines():
-        if m := re.match(r"#\s*(\d\w?)\. ", line.strip()):
-            step = m.group(1)
-        words = shlex.split(line, comments=True)
-        while words:
-            cut = words.index("&&") if "&&" in words else len(words)
-            commands.append((step, words[:cut]))
-            words = words[cut + 1:]
-    return commands
 
 
 # --- the internet the download reaches ---------------------------------------------------------
@@ -217,7 +199,6 @@ class ReadmeReplay:
             self.maskrcnn(["data", *args, *pins], env=env)
 
     def on_master(self, args: list[str]) -> None:
-        args = [self.names.get(a, a) for a in args]
         proc = self.maskrcnn(["job", "--cluster-env", str(self.tmp / "no-cluster.env"), *args], ok=False)
         assert proc.returncode == 2 and "not found: run this on a cluster node" in proc.stderr, (
             f"maskrcnn job {shlex.join(args)}: {proc.stderr}")
