@@ -18,7 +18,7 @@ and rank 0 saves its checkpoint and writes ``stopped.json`` (training/stopping.p
 the attempt (``scancel``, ``maskrcnn job stop``, ``scontrol requeue``, a node's interruption) it sends
 SIGTERM to every process of the job on every node, the ranks included, and SIGKILL ``KillWait``
 seconds later. mpirun and Open MPI's daemons get that SIGTERM too and answer it by killing their
-ranks: ``MPI_SIGKILL_TIMEOUT_S`` gives the ranks time to save first. This script reports the stop
+ranks: their kill delay, half of ``--stop-grace``, gives the ranks time to save first. This script reports the stop
 (the step and the checkpoint, from ``stopped.json``) and ends mpirun once the ranks are done. It
 also signals the ranks itself, on every node (an ``srun --overlap`` step running
 ``launch.rank_signals``), never through mpirun: that is what reaches them when the watchdog stops a
@@ -56,18 +56,20 @@ ALL_REDUCE_PROGRAM = "all_reduce_perf"    # nccl-tests, built into the training 
 ALL_REDUCE_TIMEOUT_S = 600
 WATCH_POLL_S = 10
 # After Slurm's SIGTERM: how long mpirun gets to end (the ranks save a checkpoint and exit) before
-# it is killed, leaving time to report before Slurm's own SIGKILL at KillWait.
+# it is killed (``--stop-grace``), at most leaving time to report before Slurm's own SIGKILL at KillWait.
 STOP_GRACE_S = KILL_WAIT_S - 20
+# A step and a checkpoint save must fit in this, however small the model.
+MIN_STOP_GRACE_S = 10
 # After the watchdog's stop request: a rank stuck in a collective never reaches the step at which
 # the ranks agree to stop, so they are killed sooner.
 STALL_GRACE_S = 60
 # Open MPI's kill path (mpirun or orted signalled, or a rank exiting with a non-zero status): SIGCONT
-# to the ranks, this long, SIGTERM, this long again, SIGKILL (Open MPI 4.1.4, measured; the default
-# of 1 s kills a rank 2 s after Slurm's SIGTERM reached mpirun, long before it saved). Twice this fits
-# in STOP_GRACE_S. The price: mpirun and its daemons wait out both delays whenever they take that
-# path, even after their ranks have exited, so a stopped, requeued or failed attempt frees its nodes
-# about twice this long later.
-MPI_SIGKILL_TIMEOUT_S = STOP_GRACE_S // 2
+# to the ranks, a delay, SIGTERM, the delay again, SIGKILL (Open MPI 4.1.4, measured; the default
+# of 1 s kills a rank 2 s after Slurm's SIGTERM reached mpirun, long before it saved). The delay is
+# half the stop grace, so both fit in it. The price: mpirun and its daemons wait out both delays
+# whenever they take that path, even after their ranks have exited, so a stopped, requeued or
+# failed attempt frees its nodes about the stop grace later: a run whose checkpoint saves in
+# seconds can take a shorter ``--stop-grace``.
 # The ranks exit within seconds of rank 0 writing stopped.json, but mpirun, having seen a rank exit
 # with a non-zero status, first waits out its kill path: it is ended this long after the record.
 AFTER_STOP_RECORD_S = 15
@@ -84,11 +86,25 @@ def heartbeat_step(logdir: str) -> int | None:
     return beat["step"] if beat else None
 
 
-def mpirun_env(environ: dict[str, str] | None = None) -> dict[str, str]:
+def mpi_kill_delay(stop_grace_s: int) -> int:
+    """Open MPI's delay between the signals of its kill path for a job that gets ``stop_grace_s``."""
+    return stop_grace_s // 2
+
+
+def mpirun_env(environ: dict[str, str] | None = None, *, stop_grace_s: int = STOP_GRACE_S) -> dict[str, str]:
     """mpirun's environment: the job's, with Open MPI's kill delay (mpirun reads OMPI_MCA_ variables
     and srun passes them on to the daemons it starts on the other nodes)."""
     return {**(os.environ if environ is None else environ),
-            "OMPI_MCA_odls_base_sigkill_timeout": str(MPI_SIGKILL_TIMEOUT_S)}
+            "OMPI_MCA_odls_base_sigkill_timeout": str(mpi_kill_delay(stop_grace_s))}
+
+
+def stop_grace_problem(seconds: int) -> str | None:
+    """Why ``--stop-grace seconds`` cannot be used, or None."""
+    if MIN_STOP_GRACE_S <= seconds <= STOP_GRACE_S:
+        return None
+    return (f"--stop-grace {seconds}: must be {MIN_STOP_GRACE_S} to {STOP_GRACE_S} seconds (Slurm's KillWait "
+            f"{KILL_WAIT_S} s less {KILL_WAIT_S - STOP_GRACE_S} s to report the stop): long enough for a "
+            f"training step and a checkpoint save")
 
 
 def srun_per_node(nodes: int) -> list[str]:
@@ -294,8 +310,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--instance-type", default="")
     p.add_argument("--max-attempts", type=int, default=4)
     p.add_argument("--stall-minutes", type=float, default=30.0)
+    p.add_argument("--stop-grace", type=int, default=STOP_GRACE_S)
     p.add_argument("overrides", nargs="*")
     a = p.parse_args(argv)
+    if problem := stop_grace_problem(a.stop_grace):
+        p.error(problem)
     nodes = int(os.environ.get("SLURM_JOB_NUM_NODES", "1"))
     attempt = attempt_number()
     print(f"attempt {attempt} of job {os.environ.get('SLURM_JOB_ID', '?')} on {nodes} node(s) "
@@ -321,10 +340,10 @@ def main(argv: list[str] | None = None) -> int:
     print(format_command(cmd), flush=True)
     Path(a.logdir).mkdir(parents=True, exist_ok=True)
     started = time.time()
-    proc = subprocess.Popen(cmd, start_new_session=True, env=mpirun_env())
+    proc = subprocess.Popen(cmd, start_new_session=True, env=mpirun_env(stop_grace_s=a.stop_grace))
     stop = AttemptStop(proc, lambda sig: signal_every_node(a.logdir, nodes, sig))
     signal.signal(signal.SIGTERM, lambda _signum, _frame: stop.request(
-        "slurm", "Slurm is ending this attempt (SIGTERM: scancel, requeue or a node's interruption)", STOP_GRACE_S))
+        "slurm", "Slurm is ending this attempt (SIGTERM: scancel, requeue or a node's interruption)", a.stop_grace))
     StepWatchdog(proc, a.logdir, stall_s=a.stall_minutes * 60,
                  on_stall=lambda _step: stop.request("stall", "watchdog", STALL_GRACE_S)).start()
     rc = exit_status(wait_for_training(proc, a.logdir, since=started))

@@ -33,6 +33,7 @@ from infra.instance_types import INSTANCE_TYPES
 from launch import cost
 from launch.aws import LaunchError
 from launch.cluster import capacity, idle, slurm
+from launch.cluster.job import MIN_STOP_GRACE_S, STOP_GRACE_S, stop_grace_problem
 from launch.cluster.node_env import CLUSTER_ENV, read_cluster_env
 from launch.cluster.stage import LUSTRE_COCO_DIR, choose_data, dataset_problem
 from launch.run_names import check_run_name, new_run_name
@@ -65,8 +66,10 @@ def ranks_per_node(env: dict[str, str]) -> int:
 
 def submit(env: dict[str, str], *, run_name: str | None, resume: bool, overrides: list[str],
            nodes: int | None, data_dir: str | None, stage_to_nvme: bool, max_attempts: int,
-           stall_minutes: float, dataset: str = LUSTRE_COCO_DIR) -> tuple[str, str]:
+           stall_minutes: float, dataset: str = LUSTRE_COCO_DIR, stop_grace: int = STOP_GRACE_S) -> tuple[str, str]:
     """Queues the run's job; returns (run name, job id)."""
+    if problem := stop_grace_problem(stop_grace):
+        raise LaunchError(problem)
     name = run_name or new_run_name()
     check_run_name(name)
     logdir = logdir_of(env, name)
@@ -90,7 +93,8 @@ def submit(env: dict[str, str], *, run_name: str | None, resume: bool, overrides
     logdir.mkdir(parents=True, exist_ok=True)
     body = [sys.executable, "-m", "launch.cluster.job", "--logdir", str(logdir), "--data-dir", plan.train_dir,
             "--ranks-per-node", str(per_node), "--max-attempts", str(max_attempts),
-            "--stall-minutes", str(stall_minutes), "--instance-type", env.get("INSTANCE_TYPE", "")]
+            "--stall-minutes", str(stall_minutes), "--stop-grace", str(stop_grace),
+            "--instance-type", env.get("INSTANCE_TYPE", "")]
     if plan.stage_from:
         body += ["--stage-from", plan.stage_from]
     if int(env.get("EFA_INTERFACES", "0") or 0) > 0:
@@ -224,6 +228,10 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--max-attempts", type=int, default=4, help="attempts before the run fails for good")
     s.add_argument("--stall-minutes", type=float, default=30.0,
                    help="stop and requeue an attempt whose training step has not advanced for this long")
+    s.add_argument("--stop-grace", type=int, default=STOP_GRACE_S, metavar="SECONDS",
+                   help="when Slurm stops or requeues an attempt, how long the ranks get to save a checkpoint "
+                        "before they are killed; the nodes are free about this long later (%(default)s, the "
+                        f"most; at least {MIN_STOP_GRACE_S})")
     s.add_argument("--wait", action="store_true",
                    help="wait for the run to end; exit 0 only when it completed (for scripts)")
     st = sub.add_parser("status", help="a run's job (default: every queued or running job)")
@@ -245,7 +253,8 @@ def main(argv: list[str] | None = None) -> int:
                 raise LaunchError(f"overrides must be KEY=VALUE, got {bad}")
             name, job_id = submit(env, run_name=a.run_name, resume=a.resume, overrides=a.overrides,
                                   nodes=a.nodes, data_dir=a.data_dir, stage_to_nvme=a.stage_to_nvme,
-                                  max_attempts=a.max_attempts, stall_minutes=a.stall_minutes, dataset=a.dataset)
+                                  max_attempts=a.max_attempts, stall_minutes=a.stall_minutes, dataset=a.dataset,
+                                  stop_grace=a.stop_grace)
             print(f"submitted run {name} as job {job_id}; follow it with: maskrcnn job logs {name} -f")
             if a.wait:
                 state = wait_for(env, job_id)

@@ -94,6 +94,12 @@ class Layout:
         return self.root / "log"
 
     @property
+    def custom_conf(self) -> Path:
+        """The cluster's own Slurm settings, if the team writes any: merged into slurm.conf by the master
+        when its Slurm starts (:func:`merge_custom`)."""
+        return self.root / "custom.conf"
+
+    @property
     def job_log(self) -> Path:
         """Slurm's job-completion log (jobcomp/filetxt): one line per finished job."""
         return self.root / "jobs.log"
@@ -174,6 +180,74 @@ def slurm_conf(*, cluster: str, controller_host: str, controller_address: str, w
     lines += [f"PartitionName={PARTITION} Nodes={','.join(names)} Default=YES MaxTime=INFINITE "
               f"State=UP OverSubscribe=EXCLUSIVE"]
     return "\n".join(lines) + "\n"
+
+
+# Keys the cluster's own code depends on, which custom.conf may not change.
+OWNED_KEYS = {
+    **dict.fromkeys(("ClusterName", "SlurmctldHost", "SlurmctldPort", "AuthType", "CredType", "SlurmUser",
+                     "StateSaveLocation", "SlurmdSpoolDir", "SlurmctldPidFile", "SlurmdPidFile", "Include"),
+                    "the nodes find and trust the controller, and keep its state on EFS, with these"),
+    **dict.fromkeys(("NodeName", "NodeSet", "PartitionName"),
+                    "the node names are fixed: a replacement instance takes over the name of the one it replaces"),
+    **dict.fromkeys(("JobCompType", "JobCompLoc"), "`maskrcnn job list/status` read the job-completion log"),
+    **dict.fromkeys(("JobRequeue", "KillWait"),
+                    "a failed attempt is requeued and resumes, and a job's --stop-grace is bounded by KillWait"),
+    **dict.fromkeys(("HealthCheckProgram", "Prolog"),
+                    "the node health checks run as these (--no-health-checks on the node leaves them out)"),
+}
+# Comma-separated options: custom.conf's are added to the cluster's (an option of the same name replaces
+# the cluster's), so that setting one, e.g. SchedulerParameters=bf_interval=10, keeps the ones the cluster needs.
+OPTION_KEYS = ("SlurmctldParameters", "SchedulerParameters", "PrologFlags")
+_SETTING = re.compile(r"([A-Za-z]+)=(\S+)")
+
+
+def merge_custom(conf: str, custom: str, *, source: str) -> str:
+    """``conf`` (slurm.conf) with the settings in ``custom`` (slurm.conf syntax, one ``Key=Value`` a line,
+    ``#`` comments): a key ``conf`` sets takes the custom value in its place (Slurm itself would take
+    the last of two, but logs an error for each), a new key is appended. Raises LaunchError naming
+    the line of ``source`` that is not ``Key=Value`` or sets a key the cluster owns (:data:`OWNED_KEYS`)."""
+    owned = {k.lower(): (k, why) for k, why in OWNED_KEYS.items()}
+    lines = conf.splitlines()
+    index = {line.split("=", 1)[0].lower(): i for i, line in enumerate(lines)
+             if line.split("=", 1)[0] not in ("NodeName", "PartitionName")}
+    for number, raw in enumerate(custom.splitlines(), 1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        match = _SETTING.fullmatch(line)
+        if not match:
+            raise LaunchError(f"{source} line {number}: {raw.strip()!r} is not one Key=Value setting (no spaces); "
+                              "see `man slurm.conf`")
+        key, value = match.groups()
+        if key.lower() in owned:
+            name, why = owned[key.lower()]
+            raise LaunchError(f"{source} line {number}: {name} is set by the cluster and may not be changed "
+                              f"({why}); remove the line")
+        at = index.get(key.lower())
+        if at is None:
+            index[key.lower()] = len(lines)
+            lines.append(f"{key}={value}")
+            continue
+        ours = lines[at].split("=", 1)[1]
+        if key.lower() in {k.lower() for k in OPTION_KEYS}:
+            options = {o.split("=", 1)[0].lower(): o for o in ours.split(",")}
+            options.update({o.split("=", 1)[0].lower(): o for o in value.split(",")})
+            value = ",".join(options.values())
+        lines[at] = f"{lines[at].split('=', 1)[0]}={value}"
+    return "\n".join(lines) + "\n"
+
+
+def master_conf(env: dict[str, str], *, address: str, health_checks: bool = True, custom: bool = True) -> str:
+    """The slurm.conf the master writes, from cluster.env and (``custom``) the cluster's custom.conf on
+    EFS, if any. Raises LaunchError for a custom.conf :func:`merge_custom` refuses."""
+    lay = layout(env)
+    conf = slurm_conf(cluster=env.get("STACK_NAME", "maskrcnn"), controller_host=socket.gethostname(),
+                      controller_address=address, worker_count=int(env.get("WORKER_COUNT", "0")),
+                      cpus=int(env.get("NODE_CPUS") or os.cpu_count() or 1), state_dir=lay.state,
+                      job_log=lay.job_log, log_dir=lay.logs, health_checks=health_checks)
+    if custom and lay.custom_conf.is_file():
+        conf = merge_custom(conf, lay.custom_conf.read_text(), source=str(lay.custom_conf))
+    return conf
 
 
 def cgroup_conf(version: tuple[int, int]) -> str | None:
@@ -284,13 +358,16 @@ def _start(argv: list[str]) -> subprocess.Popen:
 
 
 def write_config(env: dict[str, str], *, address: str, health_checks: bool) -> Path:
-    """slurm.conf (and cgroup.conf) in /etc/slurm, from cluster.env."""
-    lay = layout(env)
+    """slurm.conf (and cgroup.conf) in /etc/slurm, from cluster.env and custom.conf. A custom.conf
+    that :func:`merge_custom` refuses is left out, not fatal: the cluster keeps working without it."""
     SLURM_ETC.mkdir(parents=True, exist_ok=True)
-    conf = slurm_conf(cluster=env.get("STACK_NAME", "maskrcnn"), controller_host=socket.gethostname(),
-                      controller_address=address, worker_count=int(env.get("WORKER_COUNT", "0")),
-                      cpus=int(env.get("NODE_CPUS") or os.cpu_count() or 1), state_dir=lay.state,
-                      job_log=lay.job_log, log_dir=lay.logs, health_checks=health_checks)
+    try:
+        conf = master_conf(env, address=address, health_checks=health_checks)
+    except LaunchError as err:
+        print(f"custom Slurm settings left out: {err}. Fix the file, check it with `sudo docker exec maskrcnn "
+              f"python -m launch.cluster.slurm conf`, then restart this container (sudo docker restart maskrcnn)",
+              flush=True)
+        conf = master_conf(env, address=address, health_checks=health_checks, custom=False)
     (SLURM_ETC / "slurm.conf").write_text(conf)
     cgroup = cgroup_conf(slurm_version())
     if cgroup:
@@ -426,19 +503,15 @@ def main(argv: list[str] | None = None) -> int:
     node.add_argument("--cluster-env", default=CLUSTER_ENV)
     node.add_argument("--no-health-checks", dest="health_checks", action="store_false",
                       help="leave HealthCheckProgram and Prolog out of slurm.conf (debugging)")
-    conf = sub.add_parser("conf", help="print the slurm.conf this cluster's master writes")
+    conf = sub.add_parser("conf", help="print the slurm.conf this cluster's master writes, custom.conf merged "
+                                       "(exit 2 naming the line if custom.conf is refused)")
     conf.add_argument("--cluster-env", default=CLUSTER_ENV)
     conf.add_argument("--json", action="store_true")
     a = p.parse_args(argv)
     try:
         env = {**read_cluster_env(a.cluster_env), "_CLUSTER_ENV_PATH": a.cluster_env}
         if a.command == "conf":
-            lay = layout(env)
-            text = slurm_conf(cluster=env.get("STACK_NAME", "maskrcnn"), controller_host=socket.gethostname(),
-                              controller_address=env.get("PRIVATE_IP", "127.0.0.1"),
-                              worker_count=int(env.get("WORKER_COUNT", "0")),
-                              cpus=int(env.get("NODE_CPUS") or os.cpu_count() or 1),
-                              state_dir=lay.state, job_log=lay.job_log, log_dir=lay.logs)
+            text = master_conf(env, address=env.get("PRIVATE_IP", "127.0.0.1"))
             print(json.dumps({"slurm.conf": text}) if a.json else text, end="" if not a.json else "\n")
             return 0
         procs, moved = start_node(env, alive=in_service(env), health_checks=a.health_checks)

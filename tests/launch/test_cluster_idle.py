@@ -252,3 +252,27 @@ def test_a_dataset_staged_under_its_own_name_is_checked_before_it_is_queued(clus
     assert jobs.submit(env, run_name="p1", resume=False, overrides=overrides, nodes=None, data_dir=None,
                        stage_to_nvme=False, max_attempts=4, stall_minutes=30, dataset="parts") == ("p1", "13")
     assert f"--data-dir {parts} " in log.read_text()
+
+
+@pytest.mark.parametrize("seconds", [5, 91])
+def test_a_stop_grace_that_does_not_fit_is_refused_before_anything_is_queued(cluster, slurm_queue, tmp_path, seconds):
+    # Slurm's SIGKILL comes KillWait (110 s) after its SIGTERM, and the job script needs 20 s of that to
+    # report: a grace of 91 s would be cut short; 5 s is not enough for a step and a save.
+    _, env, _ = cluster
+    log = tmp_path / "sbatch.log"
+    (slurm_queue.parent / "bin" / "sbatch").write_text(f"#!/bin/sh\necho \"$*\" >> {log}\necho 14\n")
+    (slurm_queue.parent / "bin" / "sbatch").chmod(0o755)
+    for split in ("train2017", "val2017"):
+        (tmp_path / "annotations").mkdir(exist_ok=True)
+        (tmp_path / "annotations" / f"instances_{split}.json").write_text("{}")
+        (tmp_path / split).mkdir()
+    env = {**env, "WORKER_COUNT": "0", "INSTANCE_TYPE": "c5.xlarge"}
+    kwargs = dict(resume=False, overrides=[], nodes=None, data_dir=str(tmp_path), stage_to_nvme=False,
+                  max_attempts=4, stall_minutes=30)
+    with pytest.raises(jobs.LaunchError, match=rf"--stop-grace {seconds}: must be 10 to 90 seconds"):
+        jobs.submit(env, run_name="g1", stop_grace=seconds, **kwargs)
+    assert not log.exists() and not (Path(env["EFS_MOUNT"]) / "logs" / "g1").exists()
+    jobs.submit(env, run_name="g1", **kwargs)
+    assert " --stop-grace 90 " in log.read_text()
+    jobs.submit(env, run_name="g2", stop_grace=10, **kwargs)
+    assert " --stop-grace 10 " in log.read_text().splitlines()[-1]

@@ -144,6 +144,16 @@ def test_ranks_save_when_slurm_signals_mpirun_too_only_with_the_jobs_kill_delay(
     assert (read_stop_record(str(logdir), since=started) is not None) is saved
 
 
+def test_open_mpis_kill_delay_is_half_the_stop_grace_and_a_grace_that_does_not_fit_is_refused(capsys):
+    # SIGCONT, the delay, SIGTERM, the delay, SIGKILL: both delays fit in the grace
+    assert job.mpirun_env({})["OMPI_MCA_odls_base_sigkill_timeout"] == "45"       # the default grace, 90 s
+    assert job.mpirun_env({}, stop_grace_s=30)["OMPI_MCA_odls_base_sigkill_timeout"] == "15"
+    with pytest.raises(SystemExit) as exit_:
+        job.main(["--logdir", "/nonexistent", "--data-dir", "/nonexistent", "--stop-grace", "100"])
+    assert exit_.value.code == 2
+    assert "--stop-grace 100: must be 10 to 90 seconds" in capsys.readouterr().err
+
+
 @needs_mpirun
 def test_a_stalled_attempt_is_stopped_and_its_hung_ranks_killed_after_the_grace(stand_in, tmp_path, capfd):
     logdir = tmp_path / "run"

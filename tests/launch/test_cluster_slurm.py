@@ -53,6 +53,10 @@ print(instance["HealthStatus"])
 """
 RECORDED = REPO / "tests" / "recorded_machines"
 RECORDED_TOOLS = ("nvidia-smi", "fi_info", "dcgmi", "dmesg", "all_reduce_perf")
+# The jobs' --stop-grace: a checkpoint of this model saves in about a second (the default, 90 s, is for
+# COCO-sized ones), and a stopped or requeued attempt frees its nodes about this long later.
+STOP_GRACE = 30
+CRED_EXPIRE_S = 30
 
 pytestmark = pytest.mark.skipif(not Path("/usr/sbin/slurmctld").exists() or not Path("/usr/sbin/munged").exists(),
                                 reason="Slurm and munge are not installed (scripts/install.sh installs them)")
@@ -160,6 +164,12 @@ def slurm_cluster(emulated_hosts, tmp_path):
     from training.data.synthetic import SyntheticSpec, generate
     generate(efs / "data" / "coco", SyntheticSpec(train=12, val=3, size=96, max_object_size=48, seed=5))
     (efs / "logs").mkdir()
+    # The cluster's own Slurm settings (docs/launch.md), here to start a requeued job sooner: after 31 s
+    # rather than Slurm's 121 (cred_expire, long enough for these nodes' prologs), looked for every 10 s.
+    custom = efs / ".maskrcnn" / "EmulatedCluster" / "slurm" / "custom.conf"
+    custom.parent.mkdir(parents=True)
+    custom.write_text(f"# emulated nodes start jobs in seconds\nAuthInfo=cred_expire={CRED_EXPIRE_S}\n"
+                      "SchedulerParameters=bf_interval=10\n")
     hosts = emulated_hosts({"node-a": "10.0.2.201", "node-b": "10.0.2.202", "node-c": "10.0.2.203"},
                            private=["/etc/maskrcnn", "/etc/slurm"], shared={"/efs": efs})
     master = hosts["node-a"]
@@ -187,6 +197,9 @@ def slurm_cluster(emulated_hosts, tmp_path):
     nodes = {host.name: _start_node(host, env) for host in hosts}
     _wait(lambda: sorted(_sinfo(master, env).items()) == [("master", "idle"), ("worker-1", "idle"),
                                                          ("worker-2", "idle")], 90, "three idle Slurm nodes")
+    config = master.run(["scontrol", "show", "config"], env=env, timeout=30).stdout
+    assert re.search(rf"^AuthInfo\s*=\s*cred_expire={CRED_EXPIRE_S}$", config, re.M), config
+    assert re.search(r"^SchedulerParameters\s*=\s*nohold_on_prolog_fail,bf_interval=10$", config, re.M), config
     return hosts, efs, env, munge_key, nodes
 
 
@@ -195,7 +208,7 @@ def test_a_run_is_a_slurm_job_that_is_requeued_and_resumes_after_a_worker_dies(s
     hosts, efs, env, munge_key, nodes = slurm_cluster
     master = hosts["node-a"]
     submitted = _job(master, env, "submit", "--run-name", "emulated", "--max-attempts", "3",
-                     "--stall-minutes", "5", *TRAINING)
+                     "--stall-minutes", "5", "--stop-grace", str(STOP_GRACE), *TRAINING)
     assert submitted.returncode == 0, submitted.stdout + submitted.stderr
     job_id = re.search(r"submitted run emulated as job (\d+)", submitted.stdout).group(1)
     logdir = efs / "logs" / "emulated"
@@ -256,7 +269,8 @@ def test_a_run_is_a_slurm_job_that_is_requeued_and_resumes_after_a_worker_dies(s
     # Another run, stopped through the wrapper while it trains: scancel. The ranks finish their step
     # and rank 0 saves it; the job-completion log says CANCELLED. Its schedule is long enough (a step
     # takes about a second here) that the stop lands well before its end.
-    second = _job(master, env, "submit", *TRAINING, f"TRAIN.LR_EPOCH_SCHEDULE=[({EPOCHS - 1}, 0.5), (50, None)]")
+    second = _job(master, env, "submit", "--stop-grace", str(STOP_GRACE), *TRAINING,
+                  f"TRAIN.LR_EPOCH_SCHEDULE=[({EPOCHS - 1}, 0.5), (50, None)]")
     assert second.returncode == 0, second.stderr
     name = re.search(r"submitted run (\S+) as job", second.stdout).group(1)
     assert name.startswith("maskrcnn-") and name != "emulated"
@@ -271,7 +285,7 @@ def test_a_run_is_a_slurm_job_that_is_requeued_and_resumes_after_a_worker_dies(s
     assert record["checkpoint"] == f"model-{record['step']}", record
     assert (run / f"{record['checkpoint']}.index").exists()
     assert f'model_checkpoint_path: "{record["checkpoint"]}"' in (run / "checkpoint").read_text()
-    # mpirun and Open MPI's daemons end after their kill delay (twice job.MPI_SIGKILL_TIMEOUT_S)
+    # mpirun and Open MPI's daemons end after their kill delay (twice job.mpi_kill_delay(STOP_GRACE))
     _wait(lambda: _runs(master, env).get(name, {}).get("state", "").startswith("CANCELLED"), 240,
           "the stopped run to be CANCELLED")
     logs = _job(master, env, "logs", name).stdout

@@ -2,6 +2,7 @@
 tests/launch/test_cluster_slurm.py). Expected values come from the behaviour the cluster promises: a
 vanished node noticed within a minute, SIGTERM to a stopped job with time to checkpoint before SIGKILL
 (SageMaker's 120 s is the bar), one fixed node list that a replacement instance rejoins."""
+import re
 from pathlib import Path
 
 import pytest
@@ -101,3 +102,61 @@ def test_a_daemon_that_exits_ends_the_node_and_an_unmoved_master_does_not(tmp_pa
     procs = [subprocess.Popen(["sh", "-c", "sleep 0.5; exit 7"]), *_sleepers(1)]
     assert slurm.supervise(procs, slurm.controller_moved(lay, "10.0.2.4"), poll_s=0.05, moved_every=1) == 7
     assert all(p.poll() is not None for p in procs)
+
+
+def test_custom_settings_replace_ours_in_place_and_add_options_to_the_lists_we_set():
+    ours = slurm.slurm_conf(cluster="c", controller_host="h", controller_address="10.0.2.4", worker_count=1,
+                            cpus=4, state_dir=Path("/efs/s"), job_log=Path("/efs/j"), log_dir=Path("/efs/l"))
+    custom = ("# longer steps on this cluster\n"
+              "MessageTimeout=60   # ours is 30\n"
+              "\n"
+              "schedulerparameters=bf_interval=10,nohold_on_prolog_fail\n"
+              "SlurmctldParameters=idle_on_node_suspend\n"
+              "AuthInfo=cred_expire=300\n")
+    merged = slurm.merge_custom(ours, custom, source="custom.conf").splitlines()
+    # one line per key, as Slurm would otherwise log an error for each repeated key
+    keys = [line.split("=", 1)[0].lower() for line in merged if not line.startswith(("NodeName", "PartitionName"))]
+    assert len(keys) == len(set(keys))
+    assert "MessageTimeout=60" in merged and "MessageTimeout=30" not in merged
+    assert merged.index("MessageTimeout=60") == ours.splitlines().index("MessageTimeout=30")
+    assert "SchedulerParameters=nohold_on_prolog_fail,bf_interval=10" in merged
+    assert "SlurmctldParameters=enable_configless,cloud_reg_addrs,idle_on_node_suspend" in merged
+    assert merged[-1] == "AuthInfo=cred_expire=300"
+    # the node and partition lines stay as they were
+    assert [l for l in merged if l.startswith(("NodeName", "PartitionName"))] == \
+        [l for l in ours.splitlines() if l.startswith(("NodeName", "PartitionName"))]
+
+
+@pytest.mark.parametrize("line, says", [
+    ("KillWait=300", "line 2: KillWait is set by the cluster and may not be changed"),
+    ("NodeName=gpu-[1-4] CPUs=96", "line 2: 'NodeName=gpu-[1-4] CPUs=96' is not one Key=Value setting"),
+    ("partitionname=debug", "line 2: PartitionName is set by the cluster"),
+    ("JobCompLoc=/tmp/jobs", "line 2: JobCompLoc is set by the cluster and may not be changed (`maskrcnn job "
+                             "list/status` read the job-completion log)"),
+    ("Include /efs/more.conf", "line 2: 'Include /efs/more.conf' is not one Key=Value setting"),
+    ("MessageTimeout", "line 2: 'MessageTimeout' is not one Key=Value setting"),
+])
+def test_custom_settings_the_cluster_depends_on_are_refused_naming_the_line(line, says):
+    ours = "MessageTimeout=30\nKillWait=110\n"
+    with pytest.raises(LaunchError, match=re.escape(f"custom.conf {says}")):
+        slurm.merge_custom(ours, f"MessageTimeout=60\n{line}\n", source="custom.conf")
+
+
+def test_the_master_leaves_a_refused_custom_file_out_and_says_so(tmp_path, monkeypatch, capsys):
+    env = {"STACK_NAME": "Team", "EFS_MOUNT": str(tmp_path), "WORKER_COUNT": "1", "NODE_CPUS": "4"}
+    lay = slurm.layout(env)
+    lay.root.mkdir(parents=True)
+    monkeypatch.setattr(slurm, "SLURM_ETC", tmp_path / "etc")
+    monkeypatch.setattr(slurm, "slurm_version", lambda: (21, 8))
+    lay.custom_conf.write_text("MessageTimeout=45\n")
+    assert "MessageTimeout=45" in slurm.write_config(env, address="10.0.2.4", health_checks=True).read_text()
+    lay.custom_conf.write_text("MessageTimeout=45\nKillWait=5\n")
+    written = slurm.write_config(env, address="10.0.2.4", health_checks=True).read_text()
+    assert "MessageTimeout=30" in written and "KillWait=110" in written
+    out = capsys.readouterr().out
+    assert f"custom Slurm settings left out: {lay.custom_conf} line 2: KillWait is set by the cluster" in out
+    # and the check a team runs after editing the file names the same line
+    cluster_env = tmp_path / "cluster.env"
+    cluster_env.write_text("".join(f"{k}={v}\n" for k, v in env.items()))
+    assert slurm.main(["conf", "--cluster-env", str(cluster_env)]) == 2
+    assert "line 2: KillWait is set by the cluster" in capsys.readouterr().err
