@@ -3,7 +3,8 @@
 Real munged, slurmctld and slurmd (Debian's packages, installed by scripts/install.sh) run in three
 emulated nodes, each started by the image's entry `cluster-node` (docker/entrypoint.sh) as the boot
 script leaves a node: cluster.env and the munge key in /etc/maskrcnn, EFS at /efs
-(one directory shared by the hosts). A moto server in the master holds the two auto-scaling groups;
+(one directory shared by the hosts), with a custom.conf of the cluster's own Slurm settings there that the
+master merges into slurm.conf (a requeued job starts sooner). A moto server in the master holds the two auto-scaling groups;
 the hosts take the private IPs moto gave their instances, and a node claims its Slurm name from them.
 
 On the master, `job submit` (launch/cluster/jobs.py) queues a run; Slurm starts launch/cluster/job.py
