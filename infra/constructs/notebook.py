@@ -26,14 +26,15 @@ IDLE_STOP_SCRIPT = USERDATA_DIR / "notebook_idle_stop.py"
 _IDLE_STOP_END = "IDLE_STOP_PY"
 
 
-def on_start_script(*, file_system_id: str, region: str, project_code_url: str,
+def on_start_script(*, file_system_id: str, region: str, project_code_url: str, stack_name: str,
                     idle_minutes: int) -> list[str]:
-    """The on-start lifecycle script, as the parts of an Fn::Join (the first three arguments may
+    """The on-start lifecycle script, as the parts of an Fn::Join (the first four arguments may
     be tokens): the settings, the idle check's source unless `idle_minutes` is 0, then
     notebook_on_start.sh."""
     parts = ["#!/bin/bash\n",
              "export FILE_SYSTEM_ID=", file_system_id, "\n",
              "export AWS_REGION=", region, "\n",
+             "export STACK_NAME=", stack_name, "\n",
              "export PROJECT_CODE_URL=", project_code_url, "\n",
              f"export NOTEBOOK_IDLE_MINUTES={idle_minutes}\n"]
     if idle_minutes:
@@ -152,7 +153,7 @@ class Notebook(Construct):
         self.project_code = ProjectCode(self, "ProjectCode")
         self.project_code.grant_download(self.role)
         on_start = Fn.join("", on_start_script(
-            file_system_id=file_system_id, region=Aws.REGION,
+            file_system_id=file_system_id, region=Aws.REGION, stack_name=Aws.STACK_NAME,
             project_code_url=self.project_code.s3_url, idle_minutes=idle_minutes))
         self.lifecycle_config = sagemaker.CfnNotebookInstanceLifecycleConfig(
             self, "LifecycleConfig",

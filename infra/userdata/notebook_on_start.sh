@@ -1,6 +1,6 @@
 #!/bin/bash
 # On-start lifecycle script of the SageMaker notebook. SageMaker runs it as root at every start
-# (limit: 5 minutes); the stack prepends FILE_SYSTEM_ID, AWS_REGION, PROJECT_CODE_URL,
+# (limit: 5 minutes); the stack prepends FILE_SYSTEM_ID, AWS_REGION, STACK_NAME, PROJECT_CODE_URL,
 # NOTEBOOK_IDLE_MINUTES and, unless that is 0, IDLE_STOP_SOURCE (notebook_idle_stop.py). Unpacks
 # the project into the Jupyter root on the first start, installs the idle stop, and mounts the
 # shared EFS at ~/efs (shown as `efs` in the file browser), where COCO staged once serves the
@@ -24,6 +24,11 @@ if [ ! -e "$CODE_DIR" ]; then
   chown -R ec2-user:ec2-user "$CODE_DIR"
 fi
 ln -sfn "$MOUNT" "$JUPYTER_ROOT/efs"
+
+# The stack this notebook belongs to: `maskrcnn sagemaker`, `endpoint` and `data` and the notebook
+# read it to find the deployment's stacks when they have a name prefix (launch/deployment.py).
+printf '%s\n' "$STACK_NAME" > "$JUPYTER_ROOT/.maskrcnn-stack"
+chown ec2-user:ec2-user "$JUPYTER_ROOT/.maskrcnn-stack"
 
 # The project's command in a notebook terminal (`maskrcnn data to-efs ...`, `maskrcnn sagemaker
 # start ...`), with the terminal's Python. At every start: only the Jupyter root outlives a stop.

@@ -13,8 +13,8 @@ back to its MaxSize, which the stack's template sets to the configured size (1 m
 that leaves the group sizes unchanged keeps a paused cluster paused (infra/constructs/cluster.py).
 
 The group names are read from the cluster stack's outputs. The stack is ``<name_prefix>-
-EfsClusterStack`` when the deployment has a name prefix: ``--name-prefix``, else the one in this
-checkout's settings file (infra/settings.py); ``--stack`` names the stack directly.
+EfsClusterStack`` when the deployment has a name prefix: ``--name-prefix``, else this node's or this
+checkout's settings file's (launch/deployment.py); ``--stack`` names the stack directly.
 """
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ import boto3
 from botocore.config import Config
 
 from infra import outputs
+from launch import deployment
 from launch.aws import LaunchError, make_session, require_output, stack_outputs
 
 ROLES = ("master", "worker")
@@ -169,21 +170,6 @@ def wait_in_service(session: boto3.session.Session, names: dict[str, str], *, ti
         sleep(poll_s)
 
 
-def cluster_stack_name(*, stack: str | None, name_prefix: str | None) -> str:
-    """The cluster stack's CloudFormation name: ``stack``, else from the name prefix (given, or
-    the deployment's settings file)."""
-    if stack:
-        return stack
-    if name_prefix is None:
-        from infra.config import ConfigError
-        from infra.settings import load_config
-        try:
-            name_prefix = load_config().name_prefix
-        except ConfigError as err:
-            raise LaunchError(f"{err} (or pass --name-prefix or --stack)") from None
-    return f"{name_prefix}-{outputs.EFS_CLUSTER_STACK}" if name_prefix else outputs.EFS_CLUSTER_STACK
-
-
 def group_names(session: boto3.session.Session, stack_name: str) -> dict[str, str]:
     out = stack_outputs(session, stack_name)
     return {"master": require_output(out, outputs.MASTER_ASG_NAME, stack_name),
@@ -223,7 +209,7 @@ def main(argv: list[str] | None = None, *, clock=time.monotonic, sleep=time.slee
     def deployment_options(parser: argparse.ArgumentParser, default) -> None:
         parser.add_argument("--region", default=default)
         parser.add_argument("--name-prefix", "--stack-prefix", dest="name_prefix", default=default,
-                            help="the deployment's name_prefix (default: the settings file's)")
+                            help="the deployment's name_prefix (default: this node's, or the settings file's)")
         parser.add_argument("--stack", default=default,
                             help=f"the cluster stack's name (default {outputs.EFS_CLUSTER_STACK}, "
                                  "with the name prefix in front)")
@@ -247,7 +233,7 @@ def main(argv: list[str] | None = None, *, clock=time.monotonic, sleep=time.slee
     a = p.parse_args(argv)
     try:
         session = make_session(a.region)
-        stack_name = cluster_stack_name(stack=a.stack, name_prefix=a.name_prefix)
+        stack_name = deployment.stack_name(outputs.EFS_CLUSTER_STACK, stack=a.stack, prefix=a.name_prefix)
         names = group_names(session, stack_name)
         groups = describe_groups(session, names)
         if a.command == "status":

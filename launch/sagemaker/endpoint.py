@@ -34,6 +34,7 @@ from typing import Any
 import boto3
 
 from infra import outputs
+from launch import deployment
 from launch.aws import LaunchError, make_session, require_output, stack_outputs
 from launch.run_names import check_run_name, new_run_name
 
@@ -266,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = p.add_subparsers(dest="command", required=True)
     for command, text in (("deploy", "create a real-time endpoint"), ("transform", "start a batch transform job")):
         c = sub.add_parser(command, help=text)
-        c.add_argument("--stack", default=outputs.SAGEMAKER_STACK)
+        c.add_argument("--stack", help=deployment.stack_help(outputs.SAGEMAKER_STACK))
         c.add_argument("--training-job", help="a completed training job: its model")
         c.add_argument("--model-data", help="S3 URI of a model.tar.gz (a training job's, or an export's)")
         c.add_argument("--model-dir", help="a local run's log dir or `maskrcnn export` folder: packed and uploaded "
@@ -284,16 +285,18 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     try:
         session = make_session(a.region)
+        if a.command in ("deploy", "transform"):
+            stack = deployment.stack_name(outputs.SAGEMAKER_STACK, stack=a.stack)
         if a.command == "deploy":
             result = deploy(session, training_job=a.training_job, model_data=a.model_data, model_dir=a.model_dir,
                             name=a.name,
-                            instance_type=a.instance_type, instance_count=a.instance_count, stack_name=a.stack,
+                            instance_type=a.instance_type, instance_count=a.instance_count, stack_name=stack,
                             wait=a.wait)
         elif a.command == "transform":
             result = transform(session, input_uri=a.input, output_uri=a.output, training_job=a.training_job,
                                model_data=a.model_data, model_dir=a.model_dir, name=a.name,
                                instance_type=a.instance_type,
-                               instance_count=a.instance_count, stack_name=a.stack, wait=a.wait)
+                               instance_count=a.instance_count, stack_name=stack, wait=a.wait)
         else:
             result = delete(session, a.endpoint)
         print(json.dumps(result, indent=2))

@@ -34,7 +34,7 @@ from typing import Any
 import boto3
 
 from infra import outputs
-from launch import cost
+from launch import cost, deployment
 from launch.aws import (LaunchError, make_session, require_output, stack_outputs, stack_role_trusted,
                         training_networking)
 from launch.run_names import check_run_name, new_run_name
@@ -335,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--region")
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("start", help="start a training job")
-    s.add_argument("--stack", default=outputs.SAGEMAKER_STACK)
+    s.add_argument("--stack", help=deployment.stack_help(outputs.SAGEMAKER_STACK))
     s.add_argument("--job-name", default="maskrcnn", help="base name; SageMaker's job name adds a timestamp")
     s.add_argument("--instance-type")
     s.add_argument("--instance-count", type=int)
@@ -368,7 +368,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         session = make_session(a.region)
         if a.command == "start":
-            spec = JobSpec(stack=a.stack, base_job_name=a.job_name, instance_type=a.instance_type,
+            spec = JobSpec(stack=deployment.stack_name(outputs.SAGEMAKER_STACK, stack=a.stack),
+                           base_job_name=a.job_name, instance_type=a.instance_type,
                            instance_count=a.instance_count, volume_size_gb=a.volume_size, max_run_seconds=a.max_run,
                            hyperparameters=_hyperparameters(a.hyperparameter, a.hyperparameters_json),
                            train_path=a.train_path, log_path=a.log_path, run_name=a.run_name, resume=a.resume,

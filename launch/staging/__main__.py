@@ -11,7 +11,8 @@ Your own dataset, a folder of any layout, under a name of its own (never COCO's 
 
 FSx for Lustre, where the stacks have it, shows ``s3://<bucket>/data/<name>/`` as ``/fsx/<name>``.
 ``upload`` and ``to-efs`` read the bucket from a stack's BucketName output (``--stack``, by default
-the first of BUCKET_STACKS these credentials may read), or take ``--bucket``. Each command can be rerun: finished work is skipped.
+the first of BUCKET_STACKS, with the deployment's name prefix (launch/deployment.py), these credentials
+may read), or take ``--bucket``. Each command can be rerun: finished work is skipped.
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from pathlib import Path
 from infra import outputs
 from botocore.exceptions import ClientError
 
+from launch import deployment
 from launch.aws import LaunchError, make_session, require_output, stack_outputs
 from launch.staging import download as dl
 from launch.staging import s3sync
@@ -89,7 +91,8 @@ def _bucket(args, session) -> str:
     if args.stack:
         return require_output(stack_outputs(session, args.stack), outputs.BUCKET_NAME, args.stack)
     tried = []
-    for stack in BUCKET_STACKS:
+    prefix = deployment.name_prefix()
+    for stack in (deployment.stack_name(stack_id, prefix=prefix) for stack_id in BUCKET_STACKS):
         try:
             found = stack_outputs(session, stack)
         except LaunchError as err:
@@ -125,7 +128,8 @@ def main(argv: list[str] | None = None) -> int:
         s = sub.add_parser(name, help=text)
         s.add_argument("--bucket", help="bucket name (default: the stack's BucketName output)")
         s.add_argument("--stack", help=f"stack to read the bucket from (default: the first of "
-                                       f"{', '.join(BUCKET_STACKS)} these credentials may read)")
+                                       f"{', '.join(BUCKET_STACKS)}, with the deployment's name_prefix in front, "
+                                       f"that these credentials may read)")
         s.add_argument("--name", help=f"the dataset's name: s3://BUCKET/{DATA_PREFIX}/<name>, {EFS_DATA_DIR}/<name> "
                                       f"(default: {COCO_NAME} for --stage-dir and to-efs, the folder's name for "
                                       f"--dataset-dir)")

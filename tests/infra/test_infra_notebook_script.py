@@ -10,6 +10,7 @@ import configparser
 import os
 import shutil
 import subprocess
+import sys
 import textwrap
 import zipfile
 from pathlib import Path
@@ -44,7 +45,7 @@ SYSTEM_DIRS = ("usr/local/sbin", "usr/local/bin", "etc/systemd/system")
 
 
 def _run(tmp_path: Path, *, with_helper: bool, starts: int = 1, idle_minutes: int = 60,
-         stubs_over: dict[str, str] | None = None, then: str | None = None) -> list[str]:
+         stack_name: str = "SageMakerStack", stubs_over: dict[str, str] | None = None, then: str | None = None) -> list[str]:
     """Runs the script ``starts`` times, then (in the same namespace) the shell command ``then``,
     whose output goes to tmp_path/then.out; returns the stubs' calls."""
     stubs = tmp_path / "stubs"
@@ -53,7 +54,8 @@ def _run(tmp_path: Path, *, with_helper: bool, starts: int = 1, idle_minutes: in
         for path in (REPO_ROOT / "notebooks").iterdir():
             archive.write(path, f"notebooks/{path.name}")
         archive.write(REPO_ROOT / "README.md", "README.md")
-        for module in ("launch/__init__.py", "launch/cli.py"):
+        for module in ("launch/__init__.py", "launch/cli.py", "launch/deployment.py", "launch/aws.py",
+                       "infra/__init__.py", "infra/outputs.py", "infra/node_contract.py"):
             archive.write(REPO_ROOT / module, module)
     for name, body in {**STUBS, **({"mount.efs": "exit 0"} if with_helper else {}),
                        **(stubs_over or {})}.items():
@@ -62,7 +64,7 @@ def _run(tmp_path: Path, *, with_helper: bool, starts: int = 1, idle_minutes: in
     script = tmp_path / "on-start.sh"
     script.write_text("".join(on_start_script(
         file_system_id="fs-0123456789abcdef0", region="eu-west-1", project_code_url=ASSET_URL,
-        idle_minutes=idle_minutes)))
+        stack_name=stack_name, idle_minutes=idle_minutes)))
     (tmp_path / JUPYTER_ROOT).mkdir(parents=True)      # SageMaker's persistent volume
     binds = [f"/usr/bin/mount --bind {tmp_path / 'home'} /home"]
     for directory in SYSTEM_DIRS:
@@ -110,6 +112,18 @@ def test_a_terminal_has_the_project_s_command(tmp_path):
     assert (tmp_path / "then.out").read_text().startswith("usage: maskrcnn COMMAND")
     wrapper = (tmp_path / "usr/local/bin/maskrcnn").read_text()
     assert 'PYTHONPATH="/home/ec2-user/SageMaker/maskrcnn-on-aws${PYTHONPATH:+:$PYTHONPATH}"' in wrapper
+
+
+def test_the_projects_commands_find_the_deployments_stacks_from_the_notebooks(tmp_path):
+    """A deployment with a name prefix names its stacks `<prefix>-<id>`: the script records the
+    notebook's stack, from which the project's commands (launch/deployment.py), run from the
+    unpacked project, take the prefix of the other stacks too."""
+    code = tmp_path / JUPYTER_ROOT / "maskrcnn-on-aws"
+    _run(tmp_path, with_helper=True, stack_name="team-a-SageMakerStack",
+         then=f"cd / && PYTHONPATH={code} {sys.executable} -c 'from launch import deployment; "
+              f"print(deployment.stack_name(\"SageMakerStack\"), deployment.stack_name(\"NetworkStorageStack\"))'")
+    assert (tmp_path / "then.out").read_text().split() == ["team-a-SageMakerStack", "team-a-NetworkStorageStack"]
+    assert (tmp_path / JUPYTER_ROOT / ".maskrcnn-stack").read_text() == "team-a-SageMakerStack\n"
 
 
 def test_mounts_with_tls_when_the_efs_mount_helper_is_there(tmp_path):

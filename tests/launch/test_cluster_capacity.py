@@ -116,12 +116,6 @@ def test_a_stack_that_is_not_there_is_one_error_line(aws_env, capsys):
     assert len(err.splitlines()) == 1
 
 
-def test_the_stack_name_follows_the_name_prefix():
-    assert capacity.cluster_stack_name(stack=None, name_prefix="team-a") == STACK
-    assert capacity.cluster_stack_name(stack=None, name_prefix="") == outputs.EFS_CLUSTER_STACK
-    assert capacity.cluster_stack_name(stack="mine", name_prefix="team-a") == "mine"
-
-
 def test_waiting_gives_up_with_the_counts(monkeypatch):
     # A group that stays one instance short (moto launches every instance at once, so the groups'
     # state is given here; the loop and its clock are what is tested).

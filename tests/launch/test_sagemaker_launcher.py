@@ -181,6 +181,20 @@ def test_dry_run_prints_the_request_and_sends_nothing(sagemaker_env, capsys):
     assert session.client("sagemaker").list_training_jobs()["TrainingJobSummaries"] == []
 
 
+def test_a_deployment_with_a_name_prefix_is_found_without_stack(sagemaker_env, capsys, tmp_path, monkeypatch):
+    # `cdk deploy` names the stacks <name_prefix>-<id> (infra/config.py): the settings file's prefix
+    # leads the launcher to that stack, not to an unprefixed one of another deployment.
+    from infra import settings
+    session = boto3.session.Session()
+    deploy_stack(session, name=f"team-a-{outputs.SAGEMAKER_STACK}")
+    deploy_stack(session, values={**STACK_OUTPUTS, outputs.FILE_SYSTEM_ID: "fs-0000000000000000f"})
+    monkeypatch.setattr(settings, "DEFAULT_PATH", tmp_path / "settings.json")
+    (tmp_path / "settings.json").write_text(json.dumps({"name_prefix": "team-a"}))
+    assert launcher.main(["start", "--dry-run"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["InputDataConfig"][0]["DataSource"]["FileSystemDataSource"]["FileSystemId"] == FS_ID
+
+
 @pytest.mark.parametrize("args, message", [
     (["-H", "batch_norm=BatchNorm"], "batch_norm"),
     (["-H", "no_such_thing=1"], "unknown hyperparameter 'no_such_thing'"),

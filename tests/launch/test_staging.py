@@ -427,3 +427,20 @@ def test_without_stack_the_bucket_comes_from_the_first_stack_these_credentials_m
     assert cli.main(["to-efs", "--efs-dir", str(tmp_path / "efs")]) == 0
     assert _tree(tmp_path / "efs") == _tree(coco_site.dataset)
     assert replay.answered == [("DescribeStacks", "SageMakerStack")] * 2
+
+
+def test_on_the_notebook_of_a_deployment_with_a_name_prefix_the_bucket_is_its_own(aws_env, tmp_path, monkeypatch, capsys):
+    """With a name prefix the stacks are <prefix>-<id> (infra/config.py); the notebook's on-start
+    script records its stack's name, and `maskrcnn data` takes the prefix from it, not another
+    deployment's unprefixed stack."""
+    from aws_fakes import deploy_stack
+    from launch import deployment
+    session = boto3.session.Session()
+    for bucket, stack in (("ours", "team-a-SageMakerStack"), ("theirs", "SageMakerStack")):
+        session.client("s3").create_bucket(Bucket=bucket)
+        deploy_stack(session, stack, {"BucketName": bucket})
+    session.client("s3").put_object(Bucket="ours", Key="data/coco/x.json", Body=b"{}")
+    monkeypatch.setattr(deployment, "NOTEBOOK_STACK_FILE", str(tmp_path / ".maskrcnn-stack"))
+    (tmp_path / ".maskrcnn-stack").write_text("team-a-SageMakerStack\n")
+    assert cli.main(["to-efs", "--efs-dir", str(tmp_path / "efs")]) == 0, capsys.readouterr().err
+    assert (tmp_path / "efs" / "x.json").read_text() == "{}"
