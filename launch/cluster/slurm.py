@@ -198,7 +198,7 @@ OWNED_KEYS = {
 # Comma-separated options: custom.conf's are added to the cluster's (an option of the same name replaces
 # the cluster's), so that setting one, e.g. SchedulerParameters=bf_interval=10, keeps the ones the cluster needs.
 OPTION_KEYS = ("SlurmctldParameters", "SchedulerParameters", "PrologFlags")
-_SETTING = re.compile(r"([A-Za-z]+)=(\S+)")
+_SETTING = re.compile(r"([A-Za-z][A-Za-z0-9]*)=(\S+)")
 
 
 def merge_custom(conf: str, custom: str, *, source: str) -> str:

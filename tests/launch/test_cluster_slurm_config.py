@@ -112,7 +112,8 @@ def test_custom_settings_replace_ours_in_place_and_add_options_to_the_lists_we_s
               "\n"
               "schedulerparameters=bf_interval=10,nohold_on_prolog_fail\n"
               "SlurmctldParameters=idle_on_node_suspend\n"
-              "AuthInfo=cred_expire=300\n")
+              "AuthInfo=cred_expire=300\n"
+              "X11Parameters=home_xauthority\n")
     merged = slurm.merge_custom(ours, custom, source="custom.conf").splitlines()
     # one line per key, as Slurm would otherwise log an error for each repeated key
     keys = [line.split("=", 1)[0].lower() for line in merged if not line.startswith(("NodeName", "PartitionName"))]
@@ -121,7 +122,7 @@ def test_custom_settings_replace_ours_in_place_and_add_options_to_the_lists_we_s
     assert merged.index("MessageTimeout=60") == ours.splitlines().index("MessageTimeout=30")
     assert "SchedulerParameters=nohold_on_prolog_fail,bf_interval=10" in merged
     assert "SlurmctldParameters=enable_configless,cloud_reg_addrs,idle_on_node_suspend" in merged
-    assert merged[-1] == "AuthInfo=cred_expire=300"
+    assert merged[-2:] == ["AuthInfo=cred_expire=300", "X11Parameters=home_xauthority"]
     # the node and partition lines stay as they were
     assert [l for l in merged if l.startswith(("NodeName", "PartitionName"))] == \
         [l for l in ours.splitlines() if l.startswith(("NodeName", "PartitionName"))]
