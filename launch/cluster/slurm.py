@@ -2,8 +2,8 @@
 
 Slurm runs inside each node's training container (docs/launch.md, "Jobs on Slurm", says why):
 munged on every node, slurmctld on the master, slurmd on every node (the master too: it runs rank 0).
-The master writes slurm.conf; the other nodes fetch it from slurmctld (configless mode), so one file
-is the whole configuration.
+The master writes slurm.conf, with the cluster's own settings from custom.conf on EFS merged in; the
+other nodes fetch it from slurmctld (configless mode), so one file is the whole configuration.
 
 Node names are fixed: ``master`` and ``worker-1`` .. ``worker-N`` (N: the worker group's size),
 declared ``State=CLOUD``. A node that boots claims a free name (an atomic mkdir on EFS; a name whose
@@ -185,7 +185,7 @@ def slurm_conf(*, cluster: str, controller_host: str, controller_address: str, w
 # Keys the cluster's own code depends on, which custom.conf may not change.
 OWNED_KEYS = {
     **dict.fromkeys(("ClusterName", "SlurmctldHost", "SlurmctldPort", "AuthType", "CredType", "SlurmUser",
-                     "StateSaveLocation", "SlurmdSpoolDir", "SlurmctldPidFile", "SlurmdPidFile", "Include"),
+                     "StateSaveLocation", "SlurmdSpoolDir", "SlurmctldPidFile", "SlurmdPidFile"),
                     "the nodes find and trust the controller, and keep its state on EFS, with these"),
     **dict.fromkeys(("NodeName", "NodeSet", "PartitionName"),
                     "the node names are fixed: a replacement instance takes over the name of the one it replaces"),
