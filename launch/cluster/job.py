@@ -18,9 +18,9 @@ and rank 0 saves its checkpoint and writes ``stopped.json`` (training/stopping.p
 the attempt (``scancel``, ``maskrcnn job stop``, ``scontrol requeue``, a node's interruption) it sends
 SIGTERM to every process of the job on every node, the ranks included, and SIGKILL ``KillWait``
 seconds later. mpirun and Open MPI's daemons get that SIGTERM too and answer it by killing their
-ranks: their kill delay, half of ``--stop-grace``, gives the ranks time to save first. This script reports the stop
-(the step and the checkpoint, from ``stopped.json``) and ends mpirun once the ranks are done. It
-also signals the ranks itself, on every node (an ``srun --overlap`` step running
+ranks: their kill delay, half of ``--stop-grace``, gives the ranks time to save first. This script
+reports the stop (the step and the checkpoint, from ``stopped.json``) and ends mpirun once the
+ranks are done. It also signals the ranks itself, on every node (an ``srun --overlap`` step running
 ``launch.rank_signals``), never through mpirun: that is what reaches them when the watchdog stops a
 stalled run or a SIGTERM reached this script alone (Slurm refuses the step once it is ending the job).
 Ranks still running after a grace period are killed.
