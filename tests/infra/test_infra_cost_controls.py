@@ -190,7 +190,8 @@ def test_lifecycle_script_fits_sagemakers_limit(request, synth_fixture):
     """A lifecycle hook's Content is at most 16384 characters of base64 (SageMaker API
     reference, NotebookInstanceLifecycleHook); values of the longest realistic length."""
     synth = request.getfixturevalue(synth_fixture)
-    script = lifecycle_script(synth, Region="ap-southeast-4", **{
+    # the stack's name: the longest name_prefix (24 characters, infra/config.py) and the stack's id
+    script = lifecycle_script(synth, Region="ap-southeast-4", StackName="p" * 24 + "-SageMakerStack", **{
         lid: "fs-0123456789abcdef0" for lid in synth.templates[SAGEMAKER].get("Parameters", {})},
         **{"Fn::Sub": "s3://cdk-hnb659fds-assets-123456789012-ap-southeast-4/" + "0" * 64 + ".zip"})
     assert "<value>" not in script
