@@ -14,32 +14,28 @@ from __future__ import annotations
 from pathlib import Path
 
 from infra import outputs
-from infra.node_contract import CLUSTER_ENV
 from launch.aws import LaunchError
+from launch.cluster.node_env import CLUSTER_ENV, read_cluster_env
 
 # In the notebook's Jupyter root (its persistent volume), hidden; infra/userdata/notebook_on_start.sh.
 NOTEBOOK_STACK_FILE = "/home/ec2-user/SageMaker/.maskrcnn-stack"
 STACK_IDS = (outputs.NETWORK_STORAGE_STACK, outputs.EFS_CLUSTER_STACK, outputs.SAGEMAKER_STACK)
 
 
-def _read(path: str, key: str | None = None) -> str | None:
-    """A file's one value, or ``key``'s in KEY=VALUE lines; None when the file is not there."""
+def _notebook_stack(path: str) -> str | None:
     try:
-        text = Path(path).read_text()
+        return Path(path).read_text().strip() or None
     except OSError:
         return None
-    if key is None:
-        return text.strip() or None
-    for line in text.splitlines():
-        name, sep, value = line.strip().partition("=")
-        if sep and name == key:
-            return value.strip().strip('"') or None
-    return None
 
 
 def home_stack(*, cluster_env: str | None = None, notebook_file: str | None = None) -> str | None:
     """The stack of the machine this runs on (a cluster node's or the notebook's), or None elsewhere."""
-    return _read(cluster_env or CLUSTER_ENV, "STACK_NAME") or _read(notebook_file or NOTEBOOK_STACK_FILE)
+    try:
+        node = read_cluster_env(cluster_env or CLUSTER_ENV).get("STACK_NAME")
+    except LaunchError:      # not a cluster node
+        node = None
+    return node or _notebook_stack(notebook_file or NOTEBOOK_STACK_FILE)
 
 
 def prefix_of(stack: str) -> str | None:

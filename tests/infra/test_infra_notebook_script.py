@@ -55,6 +55,7 @@ def _run(tmp_path: Path, *, with_helper: bool, starts: int = 1, idle_minutes: in
             archive.write(path, f"notebooks/{path.name}")
         archive.write(REPO_ROOT / "README.md", "README.md")
         for module in ("launch/__init__.py", "launch/cli.py", "launch/deployment.py", "launch/aws.py",
+                       "launch/cluster/__init__.py", "launch/cluster/node_env.py",
                        "infra/__init__.py", "infra/outputs.py", "infra/node_contract.py"):
             archive.write(REPO_ROOT / module, module)
     for name, body in {**STUBS, **({"mount.efs": "exit 0"} if with_helper else {}),
