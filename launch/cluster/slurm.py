@@ -207,9 +207,10 @@ def merge_custom(conf: str, custom: str, *, source: str) -> str:
     the last of two, but logs an error for each), a new key is appended. Raises LaunchError naming
     the line of ``source`` that is not ``Key=Value`` or sets a key the cluster owns (:data:`OWNED_KEYS`)."""
     owned = {k.lower(): (k, why) for k, why in OWNED_KEYS.items()}
+    option_keys = {k.lower() for k in OPTION_KEYS}
     lines = conf.splitlines()
-    index = {line.split("=", 1)[0].lower(): i for i, line in enumerate(lines)
-             if line.split("=", 1)[0] not in ("NodeName", "PartitionName")}
+    # NodeName and PartitionName lines are never looked up: those keys are owned.
+    index = {line.split("=", 1)[0].lower(): i for i, line in enumerate(lines)}
     for number, raw in enumerate(custom.splitlines(), 1):
         line = raw.split("#", 1)[0].strip()
         if not line:
@@ -228,12 +229,12 @@ def merge_custom(conf: str, custom: str, *, source: str) -> str:
             index[key.lower()] = len(lines)
             lines.append(f"{key}={value}")
             continue
-        ours = lines[at].split("=", 1)[1]
-        if key.lower() in {k.lower() for k in OPTION_KEYS}:
+        our_key, ours = lines[at].split("=", 1)
+        if key.lower() in option_keys:
             options = {o.split("=", 1)[0].lower(): o for o in ours.split(",")}
             options.update({o.split("=", 1)[0].lower(): o for o in value.split(",")})
             value = ",".join(options.values())
-        lines[at] = f"{lines[at].split('=', 1)[0]}={value}"
+        lines[at] = f"{our_key}={value}"
     return "\n".join(lines) + "\n"
 
 
