@@ -43,6 +43,9 @@ class Outcome(NamedTuple):
     detail: str
     raw: str
     skipped: bool = False
+    # Failed only because a command did not answer in time: a stall that may pass (a busy driver, an
+    # NFS server's failover), which earns the check a second try before the node is judged.
+    timed_out: bool = False
 
 
 def skipped(detail: str, raw: str = "") -> Outcome:
@@ -123,7 +126,7 @@ def check_gpu_count(*, expected: int, timeout: float) -> Outcome:
         return Outcome(True, "0 GPUs expected (CPU instance type): nvidia-smi not run", "")
     result = run_bounded(["nvidia-smi", "-L"], timeout=timeout)
     if result.missing or result.timed_out:
-        return Outcome(False, f"nvidia-smi -L: {result.problem}", result.raw)
+        return Outcome(False, f"nvidia-smi -L: {result.problem}", result.raw, timed_out=result.timed_out)
     seen = len(parse_gpu_list(result.stdout))
     detail = f"{seen} of {expected} GPUs visible"
     if seen != expected and (not result.ok or result.stderr.strip()):
@@ -194,7 +197,8 @@ def check_gpu_health(*, expected: int, timeout: float) -> Outcome:
     fmt = "--format=csv,noheader"
     gpus_run = run_bounded(["nvidia-smi", f"--query-gpu={','.join(GPU_QUERY)}", fmt], timeout=timeout)
     if not gpus_run.ok:
-        return Outcome(False, f"nvidia-smi --query-gpu: {gpus_run.problem}", gpus_run.raw)
+        return Outcome(False, f"nvidia-smi --query-gpu: {gpus_run.problem}", gpus_run.raw,
+                       timed_out=gpus_run.timed_out)
     remap_run = run_bounded(["nvidia-smi", f"--query-remapped-rows={','.join(REMAP_QUERY)}", fmt],
                             timeout=timeout)
     raw = gpus_run.raw + remap_run.raw
@@ -364,7 +368,7 @@ def check_efa(*, expected: int, timeout: float) -> Outcome:
         return skipped("no EFA interfaces on this node")
     result = run_bounded([find_program("fi_info", *FI_INFO_FALLBACKS), "-p", "efa"], timeout=timeout)
     if result.missing or result.timed_out:
-        return Outcome(False, f"fi_info -p efa: {result.problem}", result.raw)
+        return Outcome(False, f"fi_info -p efa: {result.problem}", result.raw, timed_out=result.timed_out)
     devices = parse_fi_info(result.stdout)
     detail = f"{len(devices)} of {expected} EFA devices"
     if len(devices) != expected:
@@ -410,6 +414,8 @@ def check_nccl_plugin(*, expected_efa: int, timeout: float,
     if loaded.ok:
         path, *versions = loaded.stdout.split()
         return Outcome(True, f"{path} loads ({', '.join(versions)})", loaded.raw)
+    if loaded.timed_out:
+        return Outcome(False, f"loading {NCCL_PLUGIN}: {loaded.problem}", loaded.raw, timed_out=True)
     raw = loaded.raw
     for directory in search_dirs:
         candidate = Path(directory, NCCL_PLUGIN)
@@ -463,7 +469,7 @@ def probe_mount(path: str, *, timeout: float) -> Completed:
 
 def check_shared_fs(*, paths: list[str], timeout: float) -> Outcome:
     """Each shared mount answers a stat and a marker's write and read back within ``timeout``."""
-    problems, raw = [], ""
+    problems, raw, all_timed_out = [], "", True
     for path in paths:
         result = probe_mount(path, timeout=timeout)
         raw += result.raw
@@ -471,8 +477,9 @@ def check_shared_fs(*, paths: list[str], timeout: float) -> Outcome:
             problems.append(f"{path}: no answer within {timeout:.0f} s (hung mount)")
         elif not result.ok:
             problems.append(f"{path}: {result.problem}")
+            all_timed_out = False
     if problems:
-        return Outcome(False, "; ".join(problems), raw)
+        return Outcome(False, "; ".join(problems), raw, timed_out=all_timed_out)
     return Outcome(True, f"{', '.join(paths)}: marker written and read back", raw)
 
 

@@ -42,6 +42,7 @@ import argparse
 import dataclasses
 import json
 import os
+import re
 import socket
 import sys
 import time
@@ -57,6 +58,7 @@ from launch.aws import LaunchError
 from launch.cluster import node_checks as nc
 from launch.cluster.all_reduce import (  # noqa: F401  (the job script's entry points, re-exported)
     BUSBW_FLOORS, all_reduce_argv, floor_for, judge_all_reduce, parse_all_reduce_perf)
+from launch.cluster.interruption import parse_job_ids, requeue_argv, running_jobs_argv
 from launch.cluster.node_env import CLUSTER_ENV, read_cluster_env
 
 ALL_REDUCE_CHECK = "all-reduce"
@@ -102,6 +104,7 @@ class NodeConfig:
     replace: bool = True
     min_free_gib: float = DEFAULT_MIN_FREE_GIB
     fs_timeout: float = DEFAULT_FS_TIMEOUT_S
+    role: str = "worker"  # ROLE in cluster.env: the master runs slurmctld
 
 
 def slurm_node_name(given: str | None = None) -> str:
@@ -187,6 +190,7 @@ def load_config(env: dict[str, str], *, replace: bool | None = None,
         replace=_bool(env, REPLACE_KEY, True) if replace is None else replace,
         min_free_gib=_number(env, MIN_FREE_KEY, DEFAULT_MIN_FREE_GIB),
         fs_timeout=_number(env, FS_TIMEOUT_KEY, DEFAULT_FS_TIMEOUT_S) or DEFAULT_FS_TIMEOUT_S,
+        role=env.get("ROLE") or "worker",
     )
 
 
@@ -198,6 +202,7 @@ class CheckResult:
     status: str  # ok, fail or skip
     detail: str
     raw: str = ""
+    timed_out: bool = False  # failed only because a command did not answer in time
 
     @property
     def failed(self) -> bool:
@@ -206,11 +211,11 @@ class CheckResult:
 
 def result_of(name: str, outcome: nc.Outcome) -> CheckResult:
     status = "skip" if outcome.skipped else ("ok" if outcome.ok else "fail")
-    return CheckResult(name, status, outcome.detail, outcome.raw)
+    return CheckResult(name, status, outcome.detail, outcome.raw, outcome.timed_out and not outcome.ok)
 
 
 # Each check with its arguments from the node's settings; ``limit(seconds)`` caps a command's time
-# limit at what is left of the run's budget.
+# limit at the check's share of the run's budget.
 Limit = Callable[[float], float]
 CHECK_PLAN: dict[str, Callable[[NodeConfig, Limit], nc.Outcome]] = {
     "gpu-count": lambda cfg, limit: nc.check_gpu_count(expected=cfg.expected_gpus,
@@ -228,24 +233,46 @@ CHECK_PLAN: dict[str, Callable[[NodeConfig, Limit], nc.Outcome]] = {
                                              min_free_gib=cfg.min_free_gib),
 }
 CHECKS = tuple(CHECK_PLAN)
+# The checks that run commands and so share the budget's time (disk reads a statfs, no command).
+TIMED_CHECKS = tuple(name for name in CHECKS if name != "disk")
+
+
+def _run_one(name: str, cfg: NodeConfig, limit: Limit) -> CheckResult:
+    try:
+        return result_of(name, CHECK_PLAN[name](cfg, limit))
+    except Exception as err:  # noqa: BLE001  (reported as this check's failure, not a crash of all)
+        return CheckResult(name, "fail", f"the check itself failed: {err!r}")
 
 
 def run_checks(cfg: NodeConfig, *, budget_s: float = CHECK_BUDGET_S[None]) -> list[CheckResult]:
-    """Every check of :data:`CHECKS`, in that order, within ``budget_s`` seconds in all (a check
-    that starts after the budget is spent gets one second). A check that crashes counts as failed:
-    the node could not be shown healthy."""
+    """Every check of :data:`CHECKS`, in that order, within about ``budget_s`` seconds in all. A
+    crash counts as a failure: the node could not be shown healthy.
+
+    The budget is shared out as the checks go: each gets what is left divided by the checks still to
+    run (at least one second), so a command that hangs takes its own share and no more, and the
+    time a quick check leaves goes to the ones after it. A check that failed only because a command
+    did not answer in time runs once more after all the others, with a share of what is left then:
+    a stall that has passed by then does not make the node unhealthy; one that persists does."""
     deadline = time.monotonic() + budget_s
 
-    def limit(seconds: float) -> float:
-        return max(1.0, min(seconds, deadline - time.monotonic()))
+    def share(checks_left: int) -> Limit:
+        return lambda seconds: max(1.0, min(seconds, (deadline - time.monotonic()) / max(1, checks_left)))
 
-    results = []
-    for name, check in CHECK_PLAN.items():
-        try:
-            results.append(result_of(name, check(cfg, limit)))
-        except Exception as err:  # noqa: BLE001  (reported as this check's failure, not a crash of all)
-            results.append(CheckResult(name, "fail", f"the check itself failed: {err!r}"))
-    return results
+    results: dict[str, CheckResult] = {}
+    timed_left = len(TIMED_CHECKS)
+    for name in CHECKS:
+        results[name] = _run_one(name, cfg, share(timed_left))
+        timed_left -= name in TIMED_CHECKS
+    retries = [name for name, r in results.items() if r.failed and r.timed_out]
+    for i, name in enumerate(retries):
+        first, again = results[name], _run_one(name, cfg, share(len(retries) - i))
+        if again.failed:
+            results[name] = dataclasses.replace(again, detail=f"{first.detail}; again on a retry: {again.detail}",
+                                                raw=first.raw + again.raw)
+        else:
+            results[name] = dataclasses.replace(again, detail=f"{again.detail} (on a retry: the first try "
+                                                              f"timed out, {first.detail})")
+    return list(results.values())
 
 
 def reason(failed: list[CheckResult]) -> str:
@@ -295,7 +322,7 @@ def mark_unhealthy(cfg: NodeConfig) -> ActionResult:
     """Tells the instance's auto-scaling group that it is unhealthy: the group terminates it and
     launches a replacement."""
     if not cfg.replace:
-        return ActionResult("replace", True, f"not replaced: replacement is off ({REPLACE_KEY}=false "
+        return ActionResult("keep", True, f"not replaced: replacement is off ({REPLACE_KEY}=false "
                                              f"or --no-replace); the instance stays for debugging")
     if not cfg.instance_id:
         return ActionResult("replace", False, "could not mark the instance unhealthy: instance id "
@@ -345,17 +372,111 @@ def with_identity(cfg: NodeConfig) -> NodeConfig:
     return cfg if cfg.instance_id else dataclasses.replace(cfg, instance_id=imds_get("instance-id"))
 
 
+# Slurm's node states (scontrol show node: a base state, then flags joined by "+", as in
+# State=MIXED+DRAIN). A node in one of these holds a job; one that is drained (DRAIN flag) and
+# IDLE or DOWN holds none: sinfo calls it "drained", and only then is it replaced.
+BUSY_STATES = frozenset({"ALLOCATED", "MIXED", "COMPLETING"})
+IDLE_STATES = frozenset({"IDLE", "DOWN"})
+_STATE = re.compile(r"(?:^|\s)State=(\S+)")
+
+
+def node_state_argv(node: str) -> list[str]:
+    return [nc.find_program("scontrol"), "show", "node", "-o", node]
+
+
+def parse_node_state(text: str) -> frozenset[str] | None:
+    """The state words of ``scontrol show node -o`` output (``State=IDLE+DRAIN`` gives IDLE and
+    DRAIN), or None when it names no state."""
+    found = _STATE.search(text)
+    return frozenset(found[1].split("+")) if found else None
+
+
+def holds_job(states: frozenset[str]) -> bool:
+    return bool(states & BUSY_STATES)
+
+
+def is_drained(states: frozenset[str]) -> bool:
+    """Drained and idle (IDLE+DRAIN or DOWN+DRAIN): no job runs on the node and none will start."""
+    return "DRAIN" in states and bool(states & IDLE_STATES) and not holds_job(states)
+
+
+def read_node_state(node: str) -> tuple[frozenset[str] | None, str]:
+    """This node's Slurm state, and how it reads (for the report), or None and why not."""
+    result = nc.run_bounded(node_state_argv(node), timeout=SCONTROL_TIMEOUT_S)
+    states = parse_node_state(result.stdout) if result.ok else None
+    if states is None:
+        why = result.problem if not result.ok else "no State= in scontrol's answer"
+        return None, f"could not read {node}'s state in Slurm: {why}"
+    return states, _STATE.search(result.stdout)[1]
+
+
+def requeue_jobs(node: str) -> list[ActionResult]:
+    """Requeues the jobs running on ``node``: Slurm sends every process of each job SIGTERM (the
+    ranks save a checkpoint and write stopped.json) and SIGKILL after KillWait, then queues the job
+    again; the drained node takes no part in its next attempt."""
+    listing = nc.run_bounded(running_jobs_argv(node), timeout=SCONTROL_TIMEOUT_S)
+    if not listing.ok:
+        return [ActionResult("requeue", False, f"could not list the jobs on {node}: {listing.problem}")]
+    actions = []
+    for job in parse_job_ids(listing.stdout):
+        done = nc.run_bounded(requeue_argv(job), timeout=SCONTROL_TIMEOUT_S)
+        actions.append(ActionResult("requeue", True, f"requeued job {job}: it saves a checkpoint on SIGTERM "
+                                                     f"and resumes on other nodes") if done.ok else
+                       ActionResult("requeue", False, f"could not requeue job {job}: {done.problem}"))
+    return actions
+
+
+def controller_here(cfg: NodeConfig) -> bool:
+    """Whether this node is the master with slurmctld running: replacing it would take the queue,
+    the controller and rank 0 with it."""
+    if cfg.role != "master":
+        return False
+    for comm in Path("/proc").glob("[0-9]*/comm"):
+        try:
+            if comm.read_text().strip() == "slurmctld":
+                return True
+        except OSError:  # the process ended while we looked
+            continue
+    return False
+
+
 def act_on_failure(cfg: NodeConfig, failed: list[CheckResult], *, mode: str,
                    state_file: Path | None = None) -> list[ActionResult]:
     """``mode``: health-check (drain here) or prolog (Slurm drains after the non-zero exit).
     ``cfg`` as :func:`with_identity` completes it. ``state_file``: where the failed checks of the
     last alert are kept, so that a failure that persists is alerted once, not at every run (Slurm
-    runs the health check on drained nodes too, every HealthCheckInterval)."""
+    runs the health check on drained nodes too, every HealthCheckInterval).
+
+    No node is taken from a running job: in health-check mode a node that holds a job is drained and
+    its jobs requeued (they stop gracefully), and it is marked Unhealthy only once it is drained and
+    idle, by a later run. A failed Prolog holds only the job about to start, which Slurm requeues.
+    The master is never marked Unhealthy while slurmctld runs on it."""
     actions = []
+    states = None
     if mode == "health-check":
         actions.append(drain(cfg.node_name, reason(failed)))
-    actions.append(mark_unhealthy(cfg))
-    key = ",".join(r.name for r in failed)
+        states, read = read_node_state(cfg.node_name)
+        if states is None:
+            actions.append(ActionResult("state", False, read))
+        elif holds_job(states):
+            actions += requeue_jobs(cfg.node_name)
+    if controller_here(cfg):
+        actions.append(ActionResult("keep", True, f"not replaced: slurmctld runs on this node ({cfg.node_name}); "
+                                                  f"it stays drained as a compute node and keeps the queue. "
+                                                  f"Replace the master by hand when no job needs it"))
+    elif mode == "prolog":
+        actions.append(mark_unhealthy(cfg))
+    elif states is None:
+        actions.append(ActionResult("keep", True, "not replaced while it may hold a job: the next health "
+                                                  "check decides"))
+    elif not is_drained(states):
+        actions.append(ActionResult("keep", True, f"not replaced yet: {cfg.node_name} is {read} in Slurm; "
+                                                  f"a later health check replaces it once it is drained and "
+                                                  f"idle (IDLE+DRAIN or DOWN+DRAIN)"))
+    else:
+        actions.append(mark_unhealthy(cfg))
+    # A replacement is news even when the failure was alerted before, while its job stopped.
+    key = ",".join(r.name for r in failed) + (":replaced" if actions[-1].action == "replace" else "")
     if state_file is not None and _read(state_file) == key:
         actions.append(ActionResult("alert", True, f"no new alert: one was sent for {key} already"))
         return actions
