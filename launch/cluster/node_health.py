@@ -474,6 +474,8 @@ def act_on_failure(cfg: NodeConfig, failed: list[CheckResult], *, mode: str,
                                                   f"a later health check replaces it once it is drained and "
                                                   f"idle (IDLE+DRAIN or DOWN+DRAIN)"))
     else:
+        actions.append(ActionResult("state", True, f"{cfg.node_name} is {read} in Slurm: drained and idle, "
+                                                   f"no job runs on it"))
         actions.append(mark_unhealthy(cfg))
     # A replacement is news even when the failure was alerted before, while its job stopped.
     key = ",".join(r.name for r in failed) + (":replaced" if actions[-1].action == "replace" else "")

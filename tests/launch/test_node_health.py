@@ -652,17 +652,19 @@ def _slurm(conf: Path, *argv: str) -> str:
                           check=True, timeout=30).stdout
 
 
-def _state(conf: Path) -> str:
-    return node_health.parse_node_state(_slurm(conf, "scontrol", "show", "node", "-o", NODE_NAME))
+def _state(conf: Path) -> set[str]:
+    """The node's state words as scontrol prints them (State=ALLOCATED+DRAIN: ALLOCATED, DRAIN)."""
+    line = _slurm(conf, "scontrol", "show", "node", "-o", NODE_NAME)
+    return set(line.split(" State=", 1)[1].split()[0].split("+"))
 
 
 def _wait_for_state(conf: Path, wanted: set[str], timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            if set(_state(conf) or ()) == wanted:
+            if _state(conf) == wanted:
                 return
-        except subprocess.CalledProcessError:
+        except (subprocess.CalledProcessError, IndexError):  # not registered yet
             pass
         time.sleep(0.5)
     raise AssertionError(f"{NODE_NAME} did not reach {'+'.join(sorted(wanted))} in {timeout:.0f} s")
@@ -701,7 +703,7 @@ def _job_field(conf: Path, job: str, field: str) -> str:
 
 def test_a_busy_node_that_fails_is_drained_its_job_requeued_and_kept_until_idle(node, slurm, tmp_path):
     job, signals = _start_job(slurm, tmp_path)
-    assert set(_state(slurm)) == {"ALLOCATED"}
+    assert _state(slurm) == {"ALLOCATED"}
     proc = node.run("p4d-xid79", "--health-check", env={"SLURM_CONF": str(slurm)})
     assert proc.returncode == 1, proc.stdout + proc.stderr
     # The job got Slurm's SIGTERM (its graceful stop), was requeued, and the instance stays.
@@ -724,9 +726,12 @@ def test_a_busy_node_that_fails_is_drained_its_job_requeued_and_kept_until_idle(
 def test_an_idle_node_that_fails_is_drained_and_replaced(node, slurm):
     proc = node.run("p4d-efa-down", "--health-check", env={"SLURM_CONF": str(slurm)})
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert set(_state(slurm)) == {"IDLE", "DRAIN"}
+    assert _state(slurm) == {"IDLE", "DRAIN"}
     assert node.health() == "Unhealthy"
-    assert f"marked {node.instance_id} Unhealthy" in node.alerts()[0]["Message"]
+    message = node.alerts()[0]["Message"]
+    # Judged on Slurm's state after the drain: drained and idle, as scontrol prints it.
+    assert f"{NODE_NAME} is IDLE+DRAIN in Slurm: drained and idle" in message
+    assert f"marked {node.instance_id} Unhealthy" in message
 
 
 def test_the_master_running_slurmctld_is_never_replaced_by_its_own_check(node, slurm, tmp_path):
