@@ -18,21 +18,30 @@ What happens when a check fails depends on the mode:
 
 - ``--health-check`` (Slurm's HealthCheckProgram): the node is drained in Slurm
   (``scontrol update NodeName=<node> State=DRAIN Reason="<check>: <detail>"``); the check comes
-  first in the reason because ``sinfo -R`` shows only its first 20 characters.
+  first in the reason because ``sinfo -R`` shows only its first 20 characters. Then its state
+  (``scontrol show node -o``) decides: a node that holds a job (ALLOCATED, MIXED, COMPLETING) has
+  its running jobs requeued (``scontrol requeue``: SIGTERM to the job, which saves a checkpoint)
+  and stays; a node that is drained and idle (IDLE+DRAIN or DOWN+DRAIN) is replaced; an unreadable
+  state leaves the node where it is. Slurm runs the program on drained nodes too, so the run after
+  the job has left replaces the node.
 - ``--prolog`` (Slurm's Prolog): the program exits non-zero; Slurm then drains the node and requeues
   the job by itself (held, unless slurm.conf has ``SchedulerParameters=nohold_on_prolog_fail``).
+  The job has not started training, and the node is replaced.
   Slurm sets SLURMD_NODENAME for a Prolog, not for a HealthCheckProgram: there ``--node-name``
   names the node.
-- In both modes the instance is then marked Unhealthy in its auto-scaling group, which terminates
-  and replaces it (off with ``--no-replace`` or ``NODE_HEALTH_REPLACE=false`` in cluster.env), and
-  the alerts topic is told which check failed on which node, with the tail of the check's output.
-  The alert goes last so that it says what was done; the group's termination of the instance takes
-  far longer than one SNS publish.
+- Replacing means marking the instance Unhealthy in its auto-scaling group, which terminates and
+  replaces it (off with ``--no-replace`` or ``NODE_HEALTH_REPLACE=false`` in cluster.env). The
+  master is never replaced while slurmctld runs on it (ROLE=master in cluster.env): that would take
+  the controller, the queue and rank 0 with it.
+- The alerts topic is told which check failed on which node, with the tail of the check's output
+  and what was done; the alert goes last so that it says so.
 - Without a mode the checks only report: nothing is drained, replaced or alerted.
 
 Every command a check runs has a time limit, and all checks of a run share a budget: Slurm kills a
 HealthCheckProgram after 60 s, so in ``--health-check`` mode a hung ``nvidia-smi`` or mount leaves
-time for the drain, the replacement and the alert.
+time for the actions. Each check gets its share of what is left, so one hung command cannot starve
+the checks after it, and a check that failed only by timing out runs once more before the node is
+judged.
 
 Exit status: 0 healthy, 1 unhealthy, 2 bad input (cluster.env, instance type, arguments).
 """
@@ -78,7 +87,7 @@ DCGM_TIMEOUT_S = 300.0     # dcgmi diag -r 1 takes seconds; its setup can take l
 SCONTROL_TIMEOUT_S = 10.0  # scontrol retries an unreachable controller; the check must not wait on it
 IMDS_TIMEOUT_S = 2.0
 # Time all checks of one run share. Slurm kills a HealthCheckProgram that runs for more than 60 s
-# (slurm.conf), so there the checks get 35 s and the drain, replacement and alert the rest; a Prolog
+# (slurm.conf), so there the checks get 35 s and the drain, requeue or replacement and alert the rest; a Prolog
 # or a run by hand may wait longer for a slow dcgmi or a slow mount.
 CHECK_BUDGET_S = {"health-check": 35.0, "prolog": 240.0, None: 240.0}
 

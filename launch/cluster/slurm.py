@@ -167,6 +167,8 @@ def slurm_conf(*, cluster: str, controller_host: str, controller_address: str, w
         "SuspendTime=INFINITE",
     ]
     if health_checks:
+        # ANY: drained nodes are checked too, so a node that failed while its job ran is replaced
+        # at the first run after the job has left it (node_health replaces only drained, idle nodes).
         lines += [f"HealthCheckProgram={HEALTH_CHECK_PROGRAM}", "HealthCheckInterval=300",
                   "HealthCheckNodeState=ANY,CYCLE", f"Prolog={PROLOG_PROGRAM}",
                   "PrologFlags=Alloc", "PrologEpilogTimeout=300",
