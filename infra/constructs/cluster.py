@@ -231,7 +231,8 @@ class GpuCluster(Construct):
             "MUNGE_KEY_SECRET_NAME": self.munge_key_name,
             "WORKER_COUNT": str(worker_count),
             # EFA interfaces per node: the job's mpirun routes NCCL over EFA when there are any
-            # (launch/cluster/jobs.py), and the node's health check counts the EFA devices.
+            # (launch/cluster/jobs.py), its all-reduce check then holds the EFA floor (0: TCP
+            # sockets, no floor), and the node's health check counts the EFA devices.
             "EFA_INTERFACES": str(node.efa_interfaces),
             "EFS_MOUNT": EFS_MOUNT,
             "NVME_MOUNT": NVME_MOUNT,
