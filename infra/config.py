@@ -290,7 +290,7 @@ class AppConfig:
         self._check_spot()
         if self.ssh_cidr and not self.master_is_public:
             raise ConfigError(
-                f"context key 'ssh_cidr' is set, but with EFA (on by default for "
+                f"context key 'ssh_cidr' is set, but with EFA on (the default for "
                 f"{self.instance_type}) each node has {self.efa_interfaces} network interfaces, "
                 "and AWS gives no public address to an instance launched with several: the master"
                 " runs in the private subnet. Unset ssh_cidr and key_pair_name and connect with "

@@ -270,8 +270,7 @@ def check_fabric(*, nodes: int, gpus_per_node: int, instance_type: str, efa: boo
               f"degraded; `sinfo -R` and `python -m launch.cluster.node_health` on each node narrow it "
               f"down. Its output:\n{text[-3000:]}", flush=True)
         return False
-    floor_text = "no floor over TCP sockets" if floor is None else f"floor {floor:g}"
-    print(f"all-reduce check passed: {verdict.busbw_gbps:g} GB/s average bus bandwidth ({floor_text})",
+    print(f"all-reduce check passed: {verdict.busbw_gbps:g} GB/s average bus bandwidth ({verdict.floor_text})",
           flush=True)
     return True
 

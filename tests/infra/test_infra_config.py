@@ -56,7 +56,7 @@ BAD_CONTEXT = {
     "capacity block on a resource group": ({"capacity_block": True, "capacity_reservation": "arn:aws:resource-groups:us-east-1:123456789012:group/gpus"}, ["capacity_block", "Capacity Block's reservation id"]),
     "not a reservation": ({"capacity_reservation": "cr-123"}, ["capacity_reservation", "cr- and 17"]),
     "SSH to a master with several network cards": ({"instance_type": "p4d.24xlarge", "efa": True, "ssh_cidr": "203.0.113.7/32", "key_pair_name": "k"}, ["ssh_cidr", "4 network interfaces", "private subnet", "SSM Session Manager"]),
-    "SSH to a p4d master with EFA on by default": ({"instance_type": "p4d.24xlarge", "ssh_cidr": "203.0.113.7/32", "key_pair_name": "k"}, ["ssh_cidr", "on by default for p4d.24xlarge", "4 network interfaces", "SSM Session Manager", "efa=false"]),
+    "SSH to a p4d master with EFA on by default": ({"instance_type": "p4d.24xlarge", "ssh_cidr": "203.0.113.7/32", "key_pair_name": "k"}, ["ssh_cidr", "the default for p4d.24xlarge", "4 network interfaces", "SSM Session Manager", "efa=false"]),
     "idle minutes negative": ({"idle_scaledown_minutes": -5}, ["idle_scaledown_minutes", "0 to 1440"]),
     "budget not a number": ({"monthly_budget_usd": "lots"}, ["monthly_budget_usd", "whole number"]),
     "retention CloudWatch does not offer": ({"log_retention_days": 10}, ["log_retention_days", "7, 14, 30"]),

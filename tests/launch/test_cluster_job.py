@@ -307,7 +307,7 @@ ALL_REDUCE_STAND_IN = REPO / "tests" / "recorded_machines" / "bin" / "all_reduce
 @pytest.mark.parametrize("machine, efa, passes, said", [
     # The published 2-node p4d.24xlarge run over EFA: 7.80 GB/s average bus bandwidth, above the
     # floor of 5.8 (75% of it).
-    ("p4d-healthy", True, True, "all-reduce check passed: 7.80083 GB/s average bus bandwidth (floor 5.8)"),
+    ("p4d-healthy", True, True, "all-reduce check passed: 7.80083 GB/s average bus bandwidth (floor 5.8 GB/s)"),
     # The same sweep over TCP sockets (1.47 GB/s) on nodes launched with EFA: NCCL fell back.
     ("p4d-low-busbw", True, False, "avg bus bandwidth 1.46685 GB/s is below the floor of 5.8 GB/s"),
     # A cluster deployed with efa=false: NCCL is meant to use sockets, and the EFA floor does not
