@@ -90,10 +90,12 @@ SETTINGS: dict[str, Setting] = {
         "connect with SSM Session Manager.")),
     "key_pair_name": Setting(None, (
         "Existing EC2 key pair for SSH to the master; required when ssh_cidr is set.")),
-    "efa": Setting(False, (
-        "true: give each node one Elastic Fabric Adapter interface per EFA-capable network card"
-        " (p4d.24xlarge 4, p5.48xlarge 32, g5.8xlarge and larger 1; infra/instance_types.py); "
-        "the security groups allow EFA traffic to and from themselves.")),
+    "efa": Setting(None, (
+        "Elastic Fabric Adapter interfaces, one per EFA-capable network card (p4d.24xlarge 4, "
+        "p5.48xlarge 32, g5.8xlarge and larger 1; infra/instance_types.py); the security groups "
+        "allow EFA traffic to and from themselves. null (or auto): on wherever instance_type has"
+        " EFA cards. false: NCCL runs over TCP sockets on one ENA interface, a fraction of EFA's "
+        "bandwidth (docs/infra.md).")),
     "existing_file_system_id": Setting(None, (
         "Reuse this EFS (fs- + 17 hex) instead of creating one. It must have no mount targets "
         "in another VPC. null: create a new one.")),
@@ -245,6 +247,8 @@ class AppConfig:
             raise unknown_setting(unknown[0])
         values = {name: parse(name, context[name] if name in context else SETTINGS[name].default)
                   for name, parse in _PARSERS.items()}
+        if values["efa"] is None:   # auto: on wherever the instance type has EFA cards
+            values["efa"] = INSTANCE_TYPES[values["instance_type"]].efa
         config = cls(**values)
         config._check_combinations()
         return config
@@ -286,11 +290,12 @@ class AppConfig:
         self._check_spot()
         if self.ssh_cidr and not self.master_is_public:
             raise ConfigError(
-                f"context key 'ssh_cidr' is set, but with efa=true each {self.instance_type} "
-                f"node has {self.efa_interfaces} network interfaces, and AWS gives no public "
-                "address to an instance launched with several: the master runs in the private "
-                "subnet. Unset ssh_cidr and key_pair_name and connect with SSM Session Manager "
-                "(the ConnectCommand output; SSH through it: docs/infra.md)")
+                f"context key 'ssh_cidr' is set, but with EFA on (the default for "
+                f"{self.instance_type}) each node has {self.efa_interfaces} network interfaces, "
+                "and AWS gives no public address to an instance launched with several: the master"
+                " runs in the private subnet. Unset ssh_cidr and key_pair_name and connect with "
+                "SSM Session Manager (the ConnectCommand output; SSH through it: docs/infra.md); "
+                "efa=false would allow SSH at a fraction of EFA's bandwidth between the nodes")
         if self.ssh_cidr and not self.key_pair_name:
             raise ConfigError(
                 "context key 'key_pair_name' is required when ssh_cidr is set: name an existing "
@@ -352,6 +357,17 @@ def _int_in(bounds: tuple[int, int]) -> Callable[[str, Any], int]:
                 f"context key {key!r} is {value}; allowed: a whole number from {low} to {high}")
         return value
     return parse
+
+
+def _auto_bool(key: str, raw: Any) -> bool | None:
+    """true, false, or None for auto (unset, null, auto): decided from the instance type."""
+    if _is_unset(raw) or (isinstance(raw, str) and raw.strip().lower() == "auto"):
+        return None
+    try:
+        return _bool(key, raw)
+    except ConfigError:
+        raise ConfigError(f"context key {key!r} is {raw!r}; allowed: true, false, auto (or null: "
+                          "on wherever the instance type has EFA)") from None
 
 
 def _bool(key: str, raw: Any) -> bool:
@@ -461,7 +477,7 @@ _PARSERS: dict[str, Callable[[str, Any], Any]] = {
     "ssh_cidr": _ssh_cidr,
     "key_pair_name": _matching(
         _KEY_PAIR_NAME, "an EC2 key pair name (printable ASCII, up to 255)", True),
-    "efa": _bool,
+    "efa": _auto_bool,
     "existing_file_system_id": _matching(
         _FILE_SYSTEM_ID, "an EFS id: 'fs-' and 17 (or, for old file systems, 8) lowercase hex "
         "characters, e.g. fs-0123456789abcdef0; or unset to create a file system", True),

@@ -132,6 +132,17 @@ def vcpu_quota(instance_type: str) -> tuple[str, str] | None:
 
 EFA_INSTANCE_TYPES = tuple(name for name, info in INSTANCE_TYPES.items() if info.efa)
 
+# Families whose network cards beyond card 0 get EFA-only interfaces (InterfaceType efa-only: the EFA
+# device without an ENA device, so no IP address): AWS's "EFA configuration for a P5 and P5e
+# instances" (the EC2 User Guide's "Maximize network bandwidth" page) uses EFA with ENA on card 0 and
+# EFA-only on the other 31. Elsewhere every card carries EFA with ENA (docs/infra.md says why).
+EFA_ONLY_FAMILIES = frozenset({"p5", "p5e"})
+
+
+def efa_only_beyond_card0(instance_type: str) -> bool:
+    """Whether ``instance_type``'s cards other than card 0 carry EFA-only interfaces."""
+    return instance_type.split(".", 1)[0] in EFA_ONLY_FAMILIES
+
 
 @dataclass(frozen=True)
 class AmiFamily:

@@ -7,7 +7,7 @@ worker group shrinking to one node, an EFS created anew, FSx deleted under mount
 `-c key=value` still overrides a setting for one command, and says so on stderr.
 
     maskrcnn settings show [--json]            every setting, its value and where it came from
-    maskrcnn settings set worker_count=3 efa=true
+    maskrcnn settings set worker_count=3 instance_type=p4d.24xlarge
     maskrcnn settings unset ssh_cidr key_pair_name
 
 `set` validates the whole resulting configuration before it writes anything, and writes the file
@@ -172,7 +172,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="maskrcnn settings",
         description="The deployment's settings, kept in a file that every cdk command reads.",
         epilog="example: maskrcnn settings set instance_type=p4d.24xlarge worker_count=3 "
-               "efa=true")
+               "(EFA is on by default where the type has it; efa=false turns it off)")
     parser.add_argument("--file", type=Path, default=DEFAULT_PATH,
                         help=f"settings file (default: {DEFAULT_PATH.name} at the repository root; "
                              "pass the same path to cdk with -c settings_file=PATH)")

@@ -27,6 +27,7 @@ from constructs import Construct
 
 from infra.constructs.acknowledge import acknowledge
 from infra.constructs.network import allow_all_traffic_within
+from infra.instance_types import efa_only_beyond_card0
 from infra.node_contract import CLUSTER_DIR, CLUSTER_ENV, EFS_MOUNT, FSX_MOUNT, NVME_MOUNT
 from infra.userdata import CLUSTER_NODE_BOOTSTRAP, CLUSTER_NODE_SCRIPT, script_body, sha256_of
 
@@ -62,26 +63,31 @@ class NodeSpec:
     spot_max_price: str | None = None
 
 
-def network_interfaces(groups: list[str], *, efa_interfaces: int,
-                       public: bool) -> list[dict[str, Any]]:
+def network_interfaces(groups: list[str], *, efa_interfaces: int, public: bool,
+                       efa_only: bool = False) -> list[dict[str, Any]]:
     """A launch template's NetworkInterfaces (CloudFormation's property names).
 
-    With EFA, one EFA interface per network card: card 0 carries the primary interface (device
-    index 0), every other card one interface at device index 1, as AWS's "Maximize network
-    bandwidth on accelerated instances" describes for p4d and p5. Every interface carries the
-    node's security groups: with NetworkInterfaces in a launch template, the groups belong on the
-    interfaces, not in a template-level SecurityGroupIds. A public address is requested only with
-    a single interface: AWS assigns no public IPv4 address to an instance launched with several.
+    With EFA, one EFA interface per network card: card 0 carries the primary interface, EFA with
+    ENA (device index 0). Every other card carries EFA with ENA at device index 1, or, with
+    `efa_only` (p5, p5e), an EFA-only interface at device index 0: AWS's "Maximize network
+    bandwidth on Amazon EC2 instances with multiple network cards" puts EFA-only interfaces at
+    device index 0 and ENA interfaces at device index 1 of the additional cards. An EFA-only
+    interface has no ENA device and no IP address, so the node has one addressed interface (card
+    0's), which MPI and NCCL's socket bootstrap use. Every interface carries the node's security
+    groups: with NetworkInterfaces in a launch template, the groups belong on the interfaces, not
+    in a template-level SecurityGroupIds. A public address is requested only with a single
+    interface: AWS assigns no public IPv4 address to an instance launched with several.
     """
     if public and efa_interfaces > 1:
         raise ValueError(f"{efa_interfaces} network interfaces: AWS assigns no public IPv4 "
                          "address to such an instance")
     interfaces: list[dict[str, Any]] = []
     for card in range(max(efa_interfaces, 1)):
-        interface: dict[str, Any] = {"DeviceIndex": 0 if card == 0 else 1, "Groups": groups,
+        only = efa_only and card > 0
+        interface: dict[str, Any] = {"DeviceIndex": 0 if card == 0 or only else 1, "Groups": groups,
                                      "DeleteOnTermination": True}
         if efa_interfaces:
-            interface.update({"NetworkCardIndex": card, "InterfaceType": "efa"})
+            interface.update({"NetworkCardIndex": card, "InterfaceType": "efa-only" if only else "efa"})
         if efa_interfaces <= 1:
             # Set for both groups: a public master needs its address to reach AWS APIs from the
             # public subnet (no NAT route there); workers must never get one.
@@ -225,7 +231,8 @@ class GpuCluster(Construct):
             "MUNGE_KEY_SECRET_NAME": self.munge_key_name,
             "WORKER_COUNT": str(worker_count),
             # EFA interfaces per node: the job's mpirun routes NCCL over EFA when there are any
-            # (launch/cluster/jobs.py), and the node's health check counts the EFA devices.
+            # (launch/cluster/jobs.py), its all-reduce check then holds the EFA floor (0: TCP
+            # sockets, no floor), and the node's health check counts the EFA devices.
             "EFA_INTERFACES": str(node.efa_interfaces),
             "EFS_MOUNT": EFS_MOUNT,
             "NVME_MOUNT": NVME_MOUNT,
@@ -447,7 +454,8 @@ class GpuCluster(Construct):
         launch_template_data.add_property_override(
             "LaunchTemplateData.NetworkInterfaces",
             network_interfaces([g.security_group_id for g in groups],
-                               efa_interfaces=node.efa_interfaces, public=public))
+                               efa_interfaces=node.efa_interfaces, public=public,
+                               efa_only=efa_only_beyond_card0(node.instance_type)))
         if self.placement_group is not None:
             # By Ref (which is the group's name), set on the L1 resource: CDK's `placement_group`
             # would use Fn::GetAtt, which the local CloudFormation emulator used in the tests

@@ -42,7 +42,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from launch.cluster.all_reduce import BUSBW_FLOORS, all_reduce_argv, judge_all_reduce
+from launch.cluster.all_reduce import (BUSBW_FLOORS, SOCKETS_NO_FLOOR, all_reduce_argv, floor_for,
+                                       judge_all_reduce)
 from launch.cluster.launch_command import format_command, mpirun_in_allocation, train_command
 from launch.cluster.slurm import KILL_WAIT_S
 from launch.cluster.stage import DataPlan, stage_argv, staged_overrides
@@ -238,8 +239,9 @@ def describe_stop(record: dict, logdir: str) -> str:
 def check_fabric(*, nodes: int, gpus_per_node: int, instance_type: str, efa: bool,
                  program: str | None = None) -> bool:
     """nccl-tests' all-reduce across the job's nodes before training, judged against the instance
-    type's bus-bandwidth floor (launch/cluster/all_reduce.py). True when it passed or does not
-    apply (one node, no GPUs, no floor recorded for the type, no all_reduce_perf here: said so)."""
+    type's bus-bandwidth floor over EFA, or, with ``efa`` off (TCP sockets), on finishing with correct
+    values only (launch/cluster/all_reduce.py). True when it passed or does not apply (one node, no
+    GPUs, no floor recorded for the type, no all_reduce_perf here: said so)."""
     program = program or shutil.which(ALL_REDUCE_PROGRAM)
     skip = None
     if nodes < 2:
@@ -252,21 +254,24 @@ def check_fabric(*, nodes: int, gpus_per_node: int, instance_type: str, efa: boo
         print(f"all-reduce check skipped: {skip}", flush=True)
         return True
     argv = all_reduce_argv(program, nodes=nodes, gpus_per_node=gpus_per_node, instance_type=instance_type, efa=efa)
+    floor = floor_for(instance_type, efa=efa)
     print(f"all-reduce check across {nodes} nodes: {format_command(argv)}", flush=True)
+    if floor is None:
+        print(f"all-reduce check: {SOCKETS_NO_FLOOR}", flush=True)
     try:
         out = subprocess.run(argv, capture_output=True, text=True, timeout=ALL_REDUCE_TIMEOUT_S, env=mpirun_env())
         text, failed = out.stdout + out.stderr, out.returncode != 0
     except subprocess.TimeoutExpired as err:
         text, failed = str(err.stdout or ""), True
-    verdict = judge_all_reduce(text, floor_gbps=BUSBW_FLOORS[instance_type].gbps, efa=efa)
+    verdict = judge_all_reduce(text, floor_gbps=floor, efa=efa)
     if failed or not verdict.ok:
         problems = list(verdict.problems) + ([f"{ALL_REDUCE_PROGRAM} failed or timed out"] if failed else [])
         print(f"all-reduce check failed: {'; '.join(problems)}. A node's GPU interconnect or EFA path is "
               f"degraded; `sinfo -R` and `python -m launch.cluster.node_health` on each node narrow it "
               f"down. Its output:\n{text[-3000:]}", flush=True)
         return False
-    print(f"all-reduce check passed: {verdict.busbw_gbps:g} GB/s average bus bandwidth "
-          f"(floor {verdict.floor_gbps:g})", flush=True)
+    print(f"all-reduce check passed: {verdict.busbw_gbps:g} GB/s average bus bandwidth ({verdict.floor_text})",
+          flush=True)
     return True
 
 

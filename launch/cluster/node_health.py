@@ -601,7 +601,7 @@ def all_reduce_main(argv: list[str]) -> int:
         env = read_cluster_env(args.cluster_env) if (args.health_check or not args.instance_type) else {}
         cfg = load_config(env, replace=args.replace, instance_type=args.instance_type,
                           node_name=args.node_name)
-        floor = floor_for(cfg.instance_type, override_gbps=args.min_busbw)
+        floor = floor_for(cfg.instance_type, efa=cfg.expected_efa > 0, override_gbps=args.min_busbw)
     except (ConfigError, LaunchError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -3,8 +3,9 @@ synthesized templates of the configurations that decide them.
 
 Expected values are AWS's documented facts, written out here rather than read from
 infra/instance_types.py: p4d.24xlarge has 4 network cards with EFA and p5.48xlarge 32 (AWS
-"Maximize network bandwidth on accelerated instances": one EFA interface per card, device index 0
-on card 0 and 1 on every other card); AWS assigns no public IPv4 address to an instance launched
+"Maximize network bandwidth on Amazon EC2 instances with multiple network cards": one EFA interface
+per card; the primary on card 0 at device index 0, EFA-only interfaces at device index 0 and ENA ones
+at 1 on the other cards; P5: EFA-only on cards 1-31); AWS assigns no public IPv4 address to an instance launched
 with more than one network interface; EC2 launches into a reservation named by
 CapacityReservationTarget (an id, or a resource group's ARN), and into a Capacity Block only with
 market type capacity-block; FSx for Lustre's default version is 2.10, and 2.15 is the one AWS
@@ -31,9 +32,13 @@ SHARED = outputs.NETWORK_STORAGE_STACK
 CAPACITY_BLOCK_ID = "cr-0fedcba9876543210"
 RESERVATION_GROUP_ARN = "arn:aws:resource-groups:us-east-1:123456789012:group/ml-reservations"
 
-# p5.48xlarge with EFA, launched into a Capacity Block.
-P5_CAPACITY_BLOCK = {"instance_type": "p5.48xlarge", "efa": "true", "worker_count": "2",
+# p5.48xlarge, launched into a Capacity Block, with EFA as it is by default (efa not given).
+P5_CAPACITY_BLOCK = {"instance_type": "p5.48xlarge", "worker_count": "2",
                      "capacity_reservation": CAPACITY_BLOCK_ID, "capacity_block": "true"}
+# p4d.24xlarge with every other setting at its default: EFA on its four cards.
+P4D_DEFAULTS = {"instance_type": "p4d.24xlarge"}
+# p4d.24xlarge with EFA turned off: NCCL over TCP sockets on one ordinary interface.
+P4D_WITHOUT_EFA = {"instance_type": "p4d.24xlarge", "efa": "false"}
 # g5.48xlarge (one network card) with EFA, launched into any reservation of a resource group.
 G5_RESERVATION_GROUP = {"instance_type": "g5.48xlarge", "efa": "true",
                         "capacity_reservation": RESERVATION_GROUP_ARN}
@@ -42,6 +47,16 @@ G5_RESERVATION_GROUP = {"instance_type": "g5.48xlarge", "efa": "true",
 @pytest.fixture(scope="module")
 def p5_block_synth(tmp_path_factory):
     return synthesize(tmp_path_factory.mktemp("cdk-p5-block"), P5_CAPACITY_BLOCK)
+
+
+@pytest.fixture(scope="module")
+def p4d_default_synth(tmp_path_factory):
+    return synthesize(tmp_path_factory.mktemp("cdk-p4d-default"), P4D_DEFAULTS)
+
+
+@pytest.fixture(scope="module")
+def p4d_no_efa_synth(tmp_path_factory):
+    return synthesize(tmp_path_factory.mktemp("cdk-p4d-no-efa"), P4D_WITHOUT_EFA)
 
 
 @pytest.fixture(scope="module")
@@ -90,20 +105,38 @@ def address_statements(synth) -> list[dict]:
 
 # --- EFA on every network card ------------------------------------------------------------------
 
-@pytest.mark.parametrize("synth_fixture, instance_type, cards", [
-    ("variant_synth", "p4d.24xlarge", 4),
-    ("p5_block_synth", "p5.48xlarge", 32),
+# (network card, device index, interface type) of each node's interfaces. AWS's "Maximize network
+# bandwidth on Amazon EC2 instances with multiple network cards": the primary interface is card 0,
+# device index 0; on each additional card "device index 0, for EFA-only network interface, and/or
+# device index 1 for ENA network interface". Its P5 section: EFA with ENA on card 0, EFA-only on the
+# other 31 cards. p4d keeps EFA with ENA on each of its 4 cards (docs/infra.md).
+P4D_INTERFACES = [(0, 0, "efa")] + [(card, 1, "efa") for card in range(1, 4)]
+P5_INTERFACES = [(0, 0, "efa")] + [(card, 0, "efa-only") for card in range(1, 32)]
+
+
+@pytest.mark.parametrize("synth_fixture, instance_type, expected", [
+    ("variant_synth", "p4d.24xlarge", P4D_INTERFACES),        # efa=true
+    ("p4d_default_synth", "p4d.24xlarge", P4D_INTERFACES),    # efa not given: on by default
+    ("p5_block_synth", "p5.48xlarge", P5_INTERFACES),         # efa not given: on by default
 ])
-def test_one_efa_interface_on_each_network_card(request, synth_fixture, instance_type, cards):
+def test_one_efa_interface_on_each_network_card(request, synth_fixture, instance_type, expected):
     synth = request.getfixturevalue(synth_fixture)
     node_group = node_security_group(synth)
     for role, data in launch_templates(synth).items():
         assert data["InstanceType"] == instance_type
         interfaces = data["NetworkInterfaces"]
-        assert [(i["NetworkCardIndex"], i["DeviceIndex"]) for i in interfaces] == (
-            [(0, 0)] + [(card, 1) for card in range(1, cards)]), role
+        assert [(i["NetworkCardIndex"], i["DeviceIndex"], i["InterfaceType"]) for i in interfaces] == (
+            expected), role
+        # The interfaces with an IP address (an ENA device): on p5 card 0's alone, the one that MPI's
+        # TCP transport and NCCL's socket bootstrap find once lo and docker0 are excluded
+        # (launch_command.py); no multi-homed host.
+        assert [i["NetworkCardIndex"] for i in interfaces if i["InterfaceType"] != "efa-only"] == (
+            [0] if instance_type.startswith("p5") else list(range(4)))
         for interface in interfaces:
-            assert interface["InterfaceType"] == "efa"
+            # CloudFormation's LaunchTemplate schema: "If you specify efa-only, do not assign any
+            # IP addresses to the network interface."
+            assert not {"PrivateIpAddress", "PrivateIpAddresses", "SecondaryPrivateIpAddressCount",
+                        "Ipv6AddressCount", "Ipv6Addresses"} & set(interface)
             assert interface["DeleteOnTermination"] is True
             assert interface["Groups"] == [node_group]
             # Several interfaces: no public address on any of them, master included.
@@ -132,14 +165,15 @@ def test_single_card_efa_keeps_a_public_master_with_an_elastic_ip(g5_group_synth
     assert address_statements(synth)
 
 
-def test_without_efa_each_node_has_one_ordinary_interface(default_synth):
-    templates = launch_templates(default_synth)
+def test_without_efa_each_node_has_one_ordinary_interface(p4d_no_efa_synth):
+    synth = p4d_no_efa_synth
+    templates = launch_templates(synth)
     for role, public in (("master", True), ("worker", False)):
         (interface,) = templates[role]["NetworkInterfaces"]
         assert "InterfaceType" not in interface
         assert interface["DeviceIndex"] == 0
         assert interface["AssociatePublicIpAddress"] is public
-        assert interface["Groups"] == [node_security_group(default_synth)]
+        assert interface["Groups"] == [node_security_group(synth)]
         assert "SecurityGroupIds" not in templates[role]
 
 
@@ -221,7 +255,8 @@ def test_without_a_reservation_both_groups_share_one_cluster_placement_group(def
             assert "InstanceMarketOptions" not in data
 
 
-@pytest.mark.parametrize("synth_fixture", ["p5_block_synth", "g5_group_synth"])
+@pytest.mark.parametrize("synth_fixture", ["p5_block_synth", "g5_group_synth", "p4d_default_synth",
+                                           "p4d_no_efa_synth"])
 def test_cfn_lint_accepts_the_reservation_templates(request, synth_fixture):
     synth = request.getfixturevalue(synth_fixture)
     # us-east-1 only: cfn-lint's instance-type data has no p5.48xlarge in eu-west-1 (E3628), a

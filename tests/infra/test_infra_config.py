@@ -36,7 +36,7 @@ BAD_CONTEXT = {
     "not a file-system id": ({"existing_file_system_id": "vol-0123456789abcdef0"}, ["existing_file_system_id", "fs-"]),
     "unknown throughput mode": ({"efs_throughput_mode": "provisioned"}, ["efs_throughput_mode", "elastic, bursting"]),
     "EFA on a type without it": ({"efa": True, "instance_type": "g5.4xlarge"}, ["efa", "g5.4xlarge", "p4d.24xlarge"]),
-    "EFA flag not a boolean": ({"efa": "maybe"}, ["efa", "true, false"]),
+    "EFA flag not a boolean": ({"efa": "maybe"}, ["efa", "true, false, auto"]),
     "notebook type without ml. prefix": ({"notebook_instance_type": "t3.medium"}, ["notebook_instance_type", "ml.t3.medium"]),
     "notebook volume too small": ({"notebook_volume_size_gib": 0}, ["notebook_volume_size_gib", "5 to 16384"]),
     "AMI parameter not an SSM path": ({"dlami_ssm_parameter": "ami-0123456789abcdef0"}, ["dlami_ssm_parameter", "/aws/service/"]),
@@ -56,6 +56,7 @@ BAD_CONTEXT = {
     "capacity block on a resource group": ({"capacity_block": True, "capacity_reservation": "arn:aws:resource-groups:us-east-1:123456789012:group/gpus"}, ["capacity_block", "Capacity Block's reservation id"]),
     "not a reservation": ({"capacity_reservation": "cr-123"}, ["capacity_reservation", "cr- and 17"]),
     "SSH to a master with several network cards": ({"instance_type": "p4d.24xlarge", "efa": True, "ssh_cidr": "203.0.113.7/32", "key_pair_name": "k"}, ["ssh_cidr", "4 network interfaces", "private subnet", "SSM Session Manager"]),
+    "SSH to a p4d master with EFA on by default": ({"instance_type": "p4d.24xlarge", "ssh_cidr": "203.0.113.7/32", "key_pair_name": "k"}, ["ssh_cidr", "the default for p4d.24xlarge", "4 network interfaces", "SSM Session Manager", "efa=false"]),
     "idle minutes negative": ({"idle_scaledown_minutes": -5}, ["idle_scaledown_minutes", "0 to 1440"]),
     "budget not a number": ({"monthly_budget_usd": "lots"}, ["monthly_budget_usd", "whole number"]),
     "retention CloudWatch does not offer": ({"log_retention_days": 10}, ["log_retention_days", "7, 14, 30"]),
@@ -85,6 +86,30 @@ def test_absent_settings_take_their_defaults_and_the_defaults_are_valid_and_secu
     assert config.efs_throughput_mode == "elastic"
     assert config.idle_scaledown_minutes > 0 and config.notebook_idle_minutes > 0  # cost control on
     assert config.boot_failure_limit == 10    # ParallelCluster's protected mode stops at 10
+
+
+# Network cards that carry EFA, from AWS's "Maximize network bandwidth on Amazon EC2 instances with
+# multiple network cards" page: p4d.24xlarge 4, p5.48xlarge 32; g5.48xlarge one (EFA on card 0).
+@pytest.mark.parametrize("overrides, efa, interfaces, public_master", [
+    ({"instance_type": "p4d.24xlarge"}, True, 4, False),
+    ({"instance_type": "p5.48xlarge"}, True, 32, False),
+    ({"instance_type": "p4d.24xlarge", "efa": "auto"}, True, 4, False),
+    ({"instance_type": "p4d.24xlarge", "efa": None}, True, 4, False),
+    ({"instance_type": "p4d.24xlarge", "efa": "false"}, False, 0, True),
+    ({"instance_type": "g5.48xlarge"}, True, 1, True),
+    ({"instance_type": "g5.4xlarge"}, False, 0, True),       # no EFA on this size
+    ({"instance_type": "c5.xlarge"}, False, 0, True),
+])
+def test_efa_is_on_wherever_the_instance_type_has_it_unless_turned_off(overrides, efa, interfaces,
+                                                                       public_master):
+    config = config_with(**overrides)
+    assert (config.efa, config.efa_interfaces, config.master_is_public) == (efa, interfaces, public_master)
+
+
+def test_efa_off_on_p4d_allows_ssh_to_a_public_master():
+    config = config_with(instance_type="p4d.24xlarge", efa="false", ssh_cidr="203.0.113.7/32",
+                         key_pair_name="k")
+    assert (config.efa_interfaces, config.master_is_public) == (0, True)
 
 
 def test_deployment_settings_are_not_in_cdk_json():

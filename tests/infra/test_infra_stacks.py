@@ -241,8 +241,9 @@ def test_nodes_are_told_where_lustre_is_only_when_there_is_one(default_synth, va
     variant = env(variant_synth)
     assert variant["FSX_MOUNT"] == "/fsx"
     # The variant's p4d.24xlarge nodes have an EFA interface on each of their 4 network cards
-    # (AWS's instance specifications); the default's g5.48xlarge nodes are deployed without EFA.
-    assert (variant["EFA_INTERFACES"], env(default_synth)["EFA_INTERFACES"]) == ("4", "0")
+    # (AWS's instance specifications); the default's g5.48xlarge nodes get EFA, on by default where
+    # the type has it, on their one network card. The job reads this to choose its transport.
+    assert (variant["EFA_INTERFACES"], env(default_synth)["EFA_INTERFACES"]) == ("4", "1")
     parameters = variant_synth.templates[CLUSTER]["Parameters"]
     for key, name in (("FSX_DNS_NAME", "dns-name"), ("FSX_MOUNT_NAME", "mount-name")):
         ref = json.loads(variant[key].strip("<>"))["Ref"]
@@ -541,9 +542,11 @@ def test_efa_interfaces_when_enabled(default_synth, variant_synth):
         assert [ni["InterfaceType"] for ni in data["NetworkInterfaces"]] == ["efa"] * 4
         assert data["InstanceType"] == "p4d.24xlarge"
         assert data["BlockDeviceMappings"][0]["Ebs"]["VolumeSize"] == 500
+    # The default type, g5.48xlarge, has one network card with EFA: EFA is on by default there.
     for lt in default_synth.resources(CLUSTER, "AWS::EC2::LaunchTemplate").values():
         (interface,) = lt["Properties"]["LaunchTemplateData"]["NetworkInterfaces"]
-        assert "InterfaceType" not in interface
+        assert (interface["InterfaceType"], interface["NetworkCardIndex"], interface["DeviceIndex"]) == (
+            "efa", 0, 0)
 
 
 @pytest.mark.parametrize("prefix, role", [("ClusterMaster", "master"), ("ClusterWorker", "worker")])

@@ -304,20 +304,42 @@ def test_input_workers_survive_sigterm_so_the_rank_can_finish_its_step(tmp_path)
 ALL_REDUCE_STAND_IN = REPO / "tests" / "recorded_machines" / "bin" / "all_reduce_perf"
 
 
-@pytest.mark.parametrize("machine, passes, said", [
-    # The published 2-node p4d.24xlarge run: 7.80 GB/s average bus bandwidth, above the floor of 5.8.
-    ("p4d-healthy", True, "all-reduce check passed: 7.80083 GB/s average bus bandwidth (floor 5.8)"),
-    # The same sweep over TCP sockets: 1.47 GB/s.
-    ("p4d-low-busbw", False, "avg bus bandwidth 1.46685 GB/s is below the floor of 5.8 GB/s"),
+@pytest.mark.parametrize("machine, efa, passes, said", [
+    # The published 2-node p4d.24xlarge run over EFA: 7.80 GB/s average bus bandwidth, above the
+    # floor of 5.8 (75% of it).
+    ("p4d-healthy", True, True, "all-reduce check passed: 7.80083 GB/s average bus bandwidth (floor 5.8 GB/s)"),
+    # The same sweep over TCP sockets (1.47 GB/s) on nodes launched with EFA: NCCL fell back.
+    ("p4d-low-busbw", True, False, "avg bus bandwidth 1.46685 GB/s is below the floor of 5.8 GB/s"),
+    # A cluster deployed with efa=false: NCCL is meant to use sockets, and the EFA floor does not
+    # apply. The run finished with correct values, so the job goes on to train.
+    ("p4d-low-busbw", False, True,
+     "all-reduce check passed: 1.46685 GB/s average bus bandwidth (no floor over TCP sockets)"),
 ])
-def test_the_all_reduce_across_the_nodes_is_judged_before_training(machine, passes, said, monkeypatch, capsys):
+def test_the_all_reduce_across_the_nodes_is_judged_before_training(machine, efa, passes, said, monkeypatch,
+                                                                   capsys):
     """The job's real mpirun command starts the recorded machine's all_reduce_perf (two ranks here,
-    one per node there) and the job judges what it prints."""
+    one per node there) and the job judges what it prints against the transport it configured."""
     monkeypatch.setenv("RECORDED_MACHINE", machine)
-    assert job.check_fabric(nodes=2, gpus_per_node=1, instance_type="p4d.24xlarge", efa=False,
+    assert job.check_fabric(nodes=2, gpus_per_node=1, instance_type="p4d.24xlarge", efa=efa,
                             program=str(ALL_REDUCE_STAND_IN)) is passes
     out = capsys.readouterr().out
     assert "mpirun --allow-run-as-root -np 2 " in out and said in out
+    assert ("-x FI_PROVIDER=efa" in out) is efa
+    assert ("no bus-bandwidth floor over TCP sockets (EFA is off)" in out) is not efa
+
+
+def test_over_sockets_the_all_reduce_still_fails_on_wrong_values(tmp_path, monkeypatch, capsys):
+    """Without a bandwidth floor the sockets check still catches wrong results: the recorded sockets
+    run with its out-of-bounds line saying 3 wrong values."""
+    recorded = REPO / "tests" / "recorded_machines" / "p4d-low-busbw" / "all_reduce_perf.txt"
+    machine = tmp_path / "p4d-sockets-wrong-values"
+    machine.mkdir()
+    (machine / "all_reduce_perf.txt").write_text(
+        recorded.read_text().replace("# Out of bounds values : 0 OK", "# Out of bounds values : 3 FAILED"))
+    monkeypatch.setenv("RECORDED_MACHINE", str(machine))
+    assert not job.check_fabric(nodes=2, gpus_per_node=1, instance_type="p4d.24xlarge", efa=False,
+                                program=str(ALL_REDUCE_STAND_IN))
+    assert "all-reduce check failed: 3 wrong values (# Out of bounds values)" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("nodes, instance_type, program, reason", [

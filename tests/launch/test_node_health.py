@@ -313,6 +313,21 @@ def test_healthy_bus_bandwidth(node):
     assert node.alerts() == []
 
 
+def test_sockets_bus_bandwidth_on_a_cluster_deployed_without_efa(node):
+    """A p4d cluster deployed with efa=false (EFA_INTERFACES=0 in cluster.env) runs NCCL over TCP
+    sockets by design: the sockets run is judged on finishing with correct values, not against
+    the EFA floor, and the node stays in service."""
+    out = _all_reduce_output(node, "p4d-low-busbw")
+    proc = node.run("p4d-low-busbw", "all-reduce", "--output", str(out), "--health-check", "--json",
+                    cluster_env={"EFA_INTERFACES": "0"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    [check] = json.loads(proc.stdout)["checks"]
+    assert (check["status"], check["detail"]) == (
+        "ok", "avg bus bandwidth 1.46685 GB/s (no floor over TCP sockets)")
+    assert node.health() == "Healthy"
+    assert node.alerts() == []
+
+
 def test_health_check_mode_keeps_a_node_whose_slurm_state_is_unknown(node):
     require(None if shutil.which("scontrol") else "scontrol not installed (Debian package slurm-client)")
     proc = node.run("p4d-xid79", "--health-check")

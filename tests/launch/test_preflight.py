@@ -94,7 +94,9 @@ def test_all_checks_pass(aws_env):
     # 2 nodes x 96 vCPUs = 192 needed; nothing running, so all of the 192 are available.
     assert results["vcpu-quota"].message.startswith(f"{P_NAME} ({P_QUOTA}): 192 vCPUs needed")
     assert "192 of 192 available (none in use)" in results["vcpu-quota"].message
-    assert "2 needed (the NAT gateway's and the master's), 5 of 5 available" in results["elastic-ip-quota"].message
+    # EFA is on by default on p4d: four network interfaces, so the master has no public address.
+    assert "1 needed (the NAT gateway's; the master has none" in results["elastic-ip-quota"].message
+    assert "5 of 5 available" in results["elastic-ip-quota"].message
     assert "none of NetworkStorageStack, EfsClusterStack, SageMakerStack exists" in results["stacks"].message
     assert sorted(replay.answered) == [("GetServiceQuota", EIP_QUOTA), ("GetServiceQuota", P_QUOTA)]
 
@@ -157,17 +159,19 @@ def test_elastic_ip_quota_full(aws_env):
     ec2 = boto3.client("ec2")
     allocated = [ec2.allocate_address(Domain="vpc")["AllocationId"] for _ in range(4)]
 
-    results = checks(p4d(), Replay(QUOTAS))
+    results = checks(p4d(efa=False), Replay(QUOTAS))
 
     eip = results["elastic-ip-quota"]
-    # 5 - 4 = 1 available; the NAT gateway and the master need 2; 4 + 2 = 6 asked for.
+    # Without EFA the master is public: 5 - 4 = 1 available; the NAT gateway and the master need 2;
+    # 4 + 2 = 6 asked for.
     assert not eip.ok
     assert eip.message.startswith(f"{EIP_NAME} ({EIP_QUOTA}) is 5 addresses, 4 allocated: 1 available, 2 needed")
     assert f"--quota-code {EIP_QUOTA} --desired-value 6" in eip.message
     assert all(a in eip.message for a in allocated) and "aws ec2 release-address" in eip.message
 
-    # With an EFA interface on each of a p4d's 4 cards the master has no address: 1 needed, 1 free.
-    eip = checks(p4d(efa=True), Replay(QUOTAS))["elastic-ip-quota"]
+    # With an EFA interface on each of a p4d's 4 cards (the default) the master has no address:
+    # 1 needed, 1 free.
+    eip = checks(p4d(), Replay(QUOTAS))["elastic-ip-quota"]
     assert eip.ok and "1 needed (the NAT gateway's; the master has none" in eip.message
 
 
