@@ -6,15 +6,15 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
+import re
 import stat
 from pathlib import Path
 
 import pytest
 from cfnlint.api import ManualArgs, lint
+from syrupy.extensions.json import JSONSnapshotExtension
 
 from infra import image_build, outputs
-from infra.constructs.training_image import BUILD_COMPUTE_TYPE, build_context_hash
 
 from cdk_synth import REPO_ROOT, cdk_json_context, load_app_module, synthesize
 
@@ -63,6 +63,7 @@ def test_codebuild_builds_the_uploaded_build_context_tagged_with_its_hash(codebu
     shared = outputs.NETWORK_STORAGE_STACK
     _, build = one(codebuild_synth.resources(shared, BUILD_TYPE))
     tag = build["Properties"]["imageTag"]
+    from infra.constructs.training_image import build_context_hash
     assert tag == build_context_hash()
     files = asset_manifests(codebuild_synth.outdir)[shared]["files"]
     assert files[tag]["source"] == {"path": f"asset.{tag}", "packaging": "zip"}
@@ -184,7 +185,7 @@ def test_codebuild_project_builds_on_a_codebuild_image_with_room_for_cuda(codebu
     _, project = one(codebuild_synth.resources(outputs.NETWORK_STORAGE_STACK,
                                                "AWS::CodeBuild::Project"))
     environment = project["Properties"]["Environment"]
-    assert environment["ComputeType"] == BUILD_COMPUTE_TYPE == "BUILD_GENERAL1_LARGE"
+    assert environment["ComputeType"] == "BUILD_GENERAL1_LARGE"   # 8 vCPUs, 15 GB
     assert environment["Image"].startswith("aws/codebuild/")   # CodeBuild's own image
     assert environment["PrivilegedMode"] is True                # Docker inside the build
     assert project["Properties"]["Artifacts"] == {"Type": "NO_ARTIFACTS"}
@@ -225,6 +226,14 @@ def test_codebuild_templates_pass_cfn_lint(codebuild_synth, stack):
     matches = lint(json.dumps(codebuild_synth.templates[stack]),
                    config=ManualArgs(regions=["us-east-1", "eu-west-1"]))
     assert [f"{m.rule.id}: {m.message}" for m in matches if m.rule.id[0] in "EW"] == []
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_codebuild_template_snapshot(codebuild_synth, snapshot, stack):
+    """The templates with image_build=codebuild, asset hashes (the tag, the uploaded context, the
+    library's handler code) normalised as in test_infra_snapshots.py."""
+    text = re.sub(r"\b[0-9a-f]{64}\b", "<asset-hash>", json.dumps(codebuild_synth.templates[stack]))
+    assert json.loads(text) == snapshot.use_extension(JSONSnapshotExtension)
 
 
 # --- local ----------------------------------------------------------------------------------
