@@ -29,9 +29,10 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = "docker/Dockerfile"
 # Never part of the image, even inside a copied folder.
 _ALWAYS_EXCLUDED = ("**/__pycache__", "**/*.pyc", "**/.pytest_cache")
-# CodeBuild's general1.large: 8 vCPUs, 15 GB memory, 128 GB disk. The library's default (small:
-# 2 vCPUs, 3 GB) would compile Horovod and nccl-tests against CUDA with 3 GB of memory, and the
-# whole build has to finish within CloudFormation's one-hour wait for a custom resource.
+# CodeBuild's general1.large ("up to 16 GiB memory and 8 vCPUs", CodeBuild API reference,
+# ProjectEnvironment). The library's default, small (4 GiB, 2 vCPUs), would compile Horovod and
+# nccl-tests against CUDA in 4 GiB, and the whole build has to finish within CloudFormation's
+# one-hour wait for a custom resource.
 BUILD_COMPUTE_TYPE = "BUILD_GENERAL1_LARGE"
 # Older images stay pullable for rollbacks and running jobs; beyond that they only cost storage.
 KEPT_IMAGES = 10
