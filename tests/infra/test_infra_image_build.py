@@ -16,7 +16,7 @@ from syrupy.extensions.json import JSONSnapshotExtension
 
 from infra import image_build, outputs
 
-from cdk_synth import REPO_ROOT, cdk_json_context, load_app_module, synthesize
+from cdk_synth import VARIANT_CONTEXT, cdk_json_context, load_app_module, synthesize
 
 STACKS = (outputs.NETWORK_STORAGE_STACK, outputs.EFS_CLUSTER_STACK, outputs.SAGEMAKER_STACK)
 TRAINING_STACKS = (outputs.EFS_CLUSTER_STACK, outputs.SAGEMAKER_STACK)
@@ -26,6 +26,13 @@ BUILD_TYPE = "Custom::CDKContainerImageBuild"
 @pytest.fixture(scope="module")
 def codebuild_synth(tmp_path_factory):
     return synthesize(tmp_path_factory.mktemp("cdk-codebuild"), {"image_build": "codebuild"})
+
+
+@pytest.fixture(scope="module")
+def codebuild_variant_synth(tmp_path_factory):
+    """Every option on (EFA on four cards, name prefix, FSx for Lustre, ...) with the build."""
+    return synthesize(tmp_path_factory.mktemp("cdk-codebuild-variant"),
+                      {**VARIANT_CONTEXT, "image_build": "codebuild"})
 
 
 def asset_manifests(outdir: Path) -> dict[str, dict]:
@@ -216,14 +223,18 @@ def test_codebuild_repository_scans_and_expires_old_images(codebuild_synth):
     assert rule["action"] == {"type": "expire"}
 
 
-def test_codebuild_synth_is_nag_clean(codebuild_synth):
-    report = json.loads((codebuild_synth.outdir / "validation-report.json").read_text())
+@pytest.mark.parametrize("synth_fixture", ["codebuild_synth", "codebuild_variant_synth"])
+def test_codebuild_synth_is_nag_clean(request, synth_fixture):
+    synth = request.getfixturevalue(synth_fixture)    # synth itself fails on a finding
+    report = json.loads((synth.outdir / "validation-report.json").read_text())
     assert [r for r in report["pluginReports"] if r.get("conclusion") != "success"] == []
 
 
+@pytest.mark.parametrize("synth_fixture", ["codebuild_synth", "codebuild_variant_synth"])
 @pytest.mark.parametrize("stack", STACKS)
-def test_codebuild_templates_pass_cfn_lint(codebuild_synth, stack):
-    matches = lint(json.dumps(codebuild_synth.templates[stack]),
+def test_codebuild_templates_pass_cfn_lint(request, synth_fixture, stack):
+    synth = request.getfixturevalue(synth_fixture)
+    matches = lint(json.dumps(synth.templates[stack]),
                    config=ManualArgs(regions=["us-east-1", "eu-west-1"]))
     assert [f"{m.rule.id}: {m.message}" for m in matches if m.rule.id[0] in "EW"] == []
 
