@@ -7,13 +7,14 @@ message naming the key, before any construct exists.
 """
 from __future__ import annotations
 
+import dataclasses
 import sys
 from dataclasses import dataclass
 
 import aws_cdk as cdk
 from cdk_nag import AwsSolutionsChecks
 
-from infra import outputs
+from infra import image_build, outputs
 from infra import settings
 from infra.config import AppConfig, ConfigError
 from infra.stacks.efs_cluster import EfsClusterStack
@@ -32,10 +33,15 @@ class Stacks:
 
 
 def read_config(app: cdk.App) -> AppConfig:
+    """The settings in effect, with image_build=auto decided for this machine (so the stacks only
+    ever see `local` or `codebuild`)."""
     resolved = settings.resolve(app.node.get_all_context())
     for note in resolved.override_notes():
         print(note, file=sys.stderr)
-    return resolved.config
+    mode, note = image_build.resolve(resolved.config.image_build)
+    if note:
+        print(note, file=sys.stderr)
+    return dataclasses.replace(resolved.config, image_build=mode)
 
 
 def build(app: cdk.App) -> Stacks:
@@ -52,7 +58,8 @@ def build(app: cdk.App) -> Stacks:
         availability_zones=config.availability_zones,
         lustre_storage_gib=config.fsx_lustre_storage_gib,
         lustre_zone_index=config.cluster_zone_index,
-        monthly_budget_usd=config.monthly_budget_usd)
+        monthly_budget_usd=config.monthly_budget_usd,
+        image_build=config.image_build)
     stacks = Stacks(
         shared=shared,
         efs_cluster=EfsClusterStack(app, outputs.EFS_CLUSTER_STACK, tags=PROJECT_TAGS,

@@ -23,6 +23,8 @@ class ConfigError(ValueError):
 
 
 EFS_THROUGHPUT_MODES = ("elastic", "bursting")
+# Where the training image is built: infra/image_build.py resolves `auto` at synth.
+IMAGE_BUILDS = ("auto", "local", "codebuild")
 # EFS ids: `fs-` + 17 hex characters today; older file systems still have 8.
 _FILE_SYSTEM_ID = re.compile(r"^fs-(?:[0-9a-f]{8}|[0-9a-f]{17})$")
 _KEY_PAIR_NAME = re.compile(r"^[\x20-\x7e]{1,255}$")
@@ -166,6 +168,11 @@ SETTINGS: dict[str, Setting] = {
     "stall_alarm_minutes": Setting(30, (
         "The cluster's stalled-run alarm fires when a started run writes no heartbeat for this "
         "many minutes (5 to 1440); longer than the run's longest evaluation or checkpoint save.")),
+    "image_build": Setting('auto', (
+        "Where `cdk deploy` builds the training image (docker/Dockerfile): local (Docker on the "
+        "deploying machine, pushed as a CDK asset), codebuild (AWS CodeBuild in the account, "
+        "during the deploy of NetworkStorageStack; no Docker needed here), or auto (local when "
+        "`docker info` succeeds on this machine, else codebuild; decided at each synth).")),
 }
 
 
@@ -198,6 +205,7 @@ class AppConfig:
     worker_spot: bool = False
     spot_max_price: str | None = None
     stall_alarm_minutes: int = 30
+    image_build: str = "auto"
 
     @property
     def cluster_zone_index(self) -> int:
@@ -512,6 +520,7 @@ _PARSERS: dict[str, Callable[[str, Any], Any]] = {
     "worker_spot": _bool,
     "spot_max_price": _spot_price,
     "stall_alarm_minutes": _int_in(STALL_ALARM_MINUTES),
+    "image_build": _choice(IMAGE_BUILDS),
 }
 assert tuple(_PARSERS) == AppConfig.keys() == tuple(SETTINGS), \
     "every AppConfig field needs a parser and a SETTINGS entry, in order"

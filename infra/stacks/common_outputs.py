@@ -4,11 +4,11 @@ from __future__ import annotations
 from aws_cdk import CfnOutput, Fn, Stack
 
 from infra import outputs
-from infra.constructs.training_image import TrainingImage
+from infra.constructs.training_image import TrainingImage, TrainingImageBuild
 from infra.stacks.network_storage import NetworkStorageStack
 
 
-def add_shared_outputs(stack: Stack, *, shared: NetworkStorageStack, image: TrainingImage) -> None:
+def add_shared_outputs(stack: Stack, *, shared: NetworkStorageStack, image: TrainingImage | TrainingImageBuild) -> None:
     """Repeats NetworkStorageStack's values (imports) as this stack's outputs, on purpose: the
     launchers read everything from the stack they launch on. cfn-lint's W6001 ("output value is
     an import from another output") flags exactly that, so it is acknowledged for these outputs'

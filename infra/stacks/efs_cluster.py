@@ -23,7 +23,7 @@ class EfsClusterStack(Stack):
         super().__init__(scope, id, description="Mask R-CNN training: EC2 GPU cluster "
                          "(Deep Learning AMI, EFS at /efs, training image)", **kwargs)
         vpc = shared.network.vpc
-        image = TrainingImage(self, "TrainingImage")
+        image = shared.training_image or TrainingImage(self, "TrainingImage")
         machine_image = cluster_machine_image(ssm_parameter=config.dlami_ssm_parameter,
                                               ami_id=config.ami_id)
         self.cluster = GpuCluster(

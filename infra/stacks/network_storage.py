@@ -16,6 +16,8 @@ from infra.constructs.lustre import LustreCache
 from infra.constructs.network import Network
 from infra.constructs.notifications import Notifications
 from infra.constructs.budget import MonthlyBudget
+from infra.constructs.training_image import TrainingImageBuild
+from infra.image_build import CODEBUILD
 
 
 class NetworkStorageStack(Stack):
@@ -23,7 +25,8 @@ class NetworkStorageStack(Stack):
                  efs_throughput_mode: str, notification_email: str | None = None,
                  availability_zones: tuple[str, ...] | None = None,
                  lustre_storage_gib: int = 0, lustre_zone_index: int = 0,
-                 monthly_budget_usd: int | None = None, **kwargs) -> None:
+                 monthly_budget_usd: int | None = None, image_build: str = "local",
+                 **kwargs) -> None:
         super().__init__(scope, id, description="Mask R-CNN training: shared VPC, EFS and S3 "
                          "(stateful resources are retained on delete)", **kwargs)
         self.notifications = Notifications(self, "Notifications", email=notification_email)
@@ -59,6 +62,11 @@ class NetworkStorageStack(Stack):
         # imports (CloudFormation refuses, and `cdk deploy` updates this stack first).
         for subnet in (*self.network.public_subnets, *self.network.private_subnets):
             self.export_value(subnet.subnet_id)
+
+        # With image_build=codebuild the training image is built here, once for both training
+        # stacks (each imports only the repository); otherwise each holds its own Docker asset.
+        self.training_image = (TrainingImageBuild(self, "TrainingImage")
+                               if image_build == CODEBUILD else None)
 
         CfnOutput(self, outputs.FILE_SYSTEM_ID, value=self.file_system.file_system_id)
         CfnOutput(self, outputs.BUCKET_NAME, value=self.data_bucket.bucket.bucket_name)

@@ -23,7 +23,7 @@ class SageMakerStack(Stack):
         super().__init__(scope, id, description="Mask R-CNN training: SageMaker notebook and "
                          "training-job role, security group and image", **kwargs)
         vpc = shared.network.vpc
-        image = TrainingImage(self, "TrainingImage")
+        image = shared.training_image or TrainingImage(self, "TrainingImage")
         training = TrainingJobAccess(self, "TrainingJob", vpc=vpc,
                                      private_subnets=shared.network.private_subnets)
         notebook = Notebook(

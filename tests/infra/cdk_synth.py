@@ -82,15 +82,21 @@ def synthesize(tmp_dir: Path, overrides: dict[str, Any] | None = None, *,
     developer's own settings.json."""
     import aws_cdk as cdk
 
+    from infra import settings
+
     settings_file = settings_file or tmp_dir / "no-settings.json"
-    context = {**cdk_json_context(), "settings_file": str(settings_file), **(overrides or {})}
+    # The image build mode is fixed (the Docker asset), never `auto`: the templates must not
+    # depend on whether the machine running the tests has Docker. A test of another mode or of
+    # `auto` says so in its overrides or settings file.
+    fixed = {} if "image_build" in settings.read_file(settings_file) else {"image_build": "local"}
+    context = {**cdk_json_context(), "settings_file": str(settings_file), **fixed,
+               **(overrides or {})}
     app = cdk.App(context=context, outdir=str(tmp_dir))
     stacks = load_app_module().build(app)
     assembly = app.synth()   # raises if cdk-nag reports an unacknowledged finding
     templates = {stack.id: stack.template for stack in assembly.stacks}
     stack_names = {stack.id: stack.stack_name for stack in assembly.stacks}
     # The settings in effect: defaults, the settings file, then the overrides.
-    from infra import settings
     config = settings.resolve(context).config
     context = {key: getattr(config, key) for key in settings.SETTINGS}
     return Synthesized(context=context, outdir=tmp_dir, templates=templates,
