@@ -78,12 +78,14 @@ class Synthesized:
 def synthesize(tmp_dir: Path, overrides: dict[str, Any] | None = None, *,
                settings_file: Path | None = None) -> Synthesized:
     """Synthesizes the real app as `cdk synth -c key=value ...` would with `overrides` as the
-    -c flags, reading `settings_file` (default: none, so the defaults) and never the
-    developer's own settings.json."""
+    -c flags, reading `settings_file` in place of the repository's settings.json, and never the
+    developer's own. Like the default settings.json, `settings_file` may not exist yet: then the
+    defaults (a file named with -c settings_file must exist, so "none" is passed)."""
     import aws_cdk as cdk
 
-    settings_file = settings_file or tmp_dir / "no-settings.json"
-    context = {**cdk_json_context(), "settings_file": str(settings_file), **(overrides or {})}
+    from infra import settings as settings_module
+    named = str(settings_file) if settings_file and settings_file.exists() else settings_module.NO_FILE
+    context = {**cdk_json_context(), "settings_file": named, **(overrides or {})}
     app = cdk.App(context=context, outdir=str(tmp_dir))
     stacks = load_app_module().build(app)
     assembly = app.synth()   # raises if cdk-nag reports an unacknowledged finding
