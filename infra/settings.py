@@ -1,7 +1,7 @@
 """The deployment's settings file: where a deployment's choices live between commands.
 
-`settings.json` at the repository root (another with `-c settings_file=PATH`) holds the values
-the user chose, over the defaults in infra/config.py. Every `cdk synth/diff/deploy/destroy` of
+`settings.json` at the repository root (another with `-c settings_file=PATH`, which must exist)
+holds the values the user chose, over the defaults in infra/config.py. Every `cdk synth/diff/deploy/destroy` of
 any stack reads it, so a later command cannot fall back to defaults the user never chose (a
 worker group shrinking to one node, an EFS created anew, FSx deleted under mounted nodes).
 `-c key=value` still overrides a setting for one command, and says so on stderr.
