@@ -1,7 +1,7 @@
 """The deployment's settings file: where a deployment's choices live between commands.
 
-`settings.json` at the repository root (another with `-c settings_file=PATH`) holds the values
-the user chose, over the defaults in infra/config.py. Every `cdk synth/diff/deploy/destroy` of
+`settings.json` at the repository root (another with `-c settings_file=PATH`, which must exist)
+holds the values the user chose, over the defaults in infra/config.py. Every `cdk synth/diff/deploy/destroy` of
 any stack reads it, so a later command cannot fall back to defaults the user never chose (a
 worker group shrinking to one node, an EFS created anew, FSx deleted under mounted nodes).
 `-c key=value` still overrides a setting for one command, and says so on stderr.
@@ -56,7 +56,22 @@ def settings_path(context: Mapping[str, Any] | None = None) -> Path | None:
     raw = (context or {}).get(FILE_KEY)
     if raw == NO_FILE:
         return None
-    return Path(raw).expanduser().resolve() if raw else DEFAULT_PATH
+    return named_file(raw, f"-c {FILE_KEY}={raw}") if raw else DEFAULT_PATH
+
+
+def named_file(raw: str | os.PathLike, flag: str) -> Path:
+    """A settings file the user named with `flag`. It must exist: a mistyped name read as "no
+    file yet" would mean all defaults, and a deploy would update another deployment's stacks (the
+    unprefixed ones) or price another cluster. Only the default file may be absent."""
+    path = Path(raw).expanduser().resolve()
+    if not path.is_file():
+        what = "is not a file" if path.exists() else "does not exist"
+        raise ConfigError(
+            f"settings file {path} (named by {flag}) {what}; check the path, or create the file "
+            f"with `maskrcnn settings --file {path} set KEY=VALUE ...`; without {flag} the "
+            f"commands read {DEFAULT_PATH.name} at the repository root (all defaults while it "
+            f"does not exist)")
+    return path
 
 
 def read_file(path: Path | None) -> dict[str, Any]:
@@ -100,10 +115,13 @@ def resolve(context: Mapping[str, Any], path: Path | None = None) -> Resolved:
     return Resolved(config=config, path=path, sources=sources, overrides=overrides)
 
 
-def load_config(path: Path | None = None, overrides: Mapping[str, Any] | None = None) -> AppConfig:
+def load_config(path: Path | None = None, overrides: Mapping[str, Any] | None = None, *,
+                flag: str = "--settings-file") -> AppConfig:
     """The deployment's configuration, as the next `cdk deploy` would use it (launchers and the
-    pre-flight read it from here)."""
-    return resolve(dict(overrides or {}), path or DEFAULT_PATH).config
+    pre-flight read it from here). `path`: a file the user named with `flag`, which must exist;
+    None: the default file, all defaults while it does not exist."""
+    path = named_file(path, flag) if path is not None else DEFAULT_PATH
+    return resolve(dict(overrides or {}), path).config
 
 
 def _typed(key: str, raw: Any) -> Any:

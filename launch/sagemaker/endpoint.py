@@ -127,11 +127,18 @@ def upload_model(session, model_dir: str | Path, name: str, stack_name: str) -> 
     return f"s3://{bucket}/{key}"
 
 
+NAME_THE_MODEL = ("name the model: --training-job JOB (its ModelArtifacts), --model-data "
+                  "s3://.../model.tar.gz or --model-dir DIR (a run's log dir or an export), exactly one")
+
+
+def _names_one_model(training_job: str | None, model_data: str | None, model_dir: str | None) -> bool:
+    return sum(map(bool, (training_job, model_data, model_dir))) == 1
+
+
 def _model_data(session, training_job: str | None, model_data: str | None, model_dir: str | None = None,
                 *, name: str = "", stack_name: str = outputs.SAGEMAKER_STACK) -> str:
-    if sum(map(bool, (training_job, model_data, model_dir))) != 1:
-        raise LaunchError("name the model: --training-job JOB (its ModelArtifacts), --model-data "
-                          "s3://.../model.tar.gz or --model-dir DIR (a run's log dir or an export)")
+    if not _names_one_model(training_job, model_data, model_dir):
+        raise LaunchError(NAME_THE_MODEL)
     if model_dir:
         return upload_model(session, model_dir, name, stack_name)   # checks the folder before uploading
     if model_data:
@@ -265,8 +272,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="maskrcnn endpoint", description=__doc__.splitlines()[0])
     p.add_argument("--region")
     sub = p.add_subparsers(dest="command", required=True)
+    model_commands = {}
     for command, text in (("deploy", "create a real-time endpoint"), ("transform", "start a batch transform job")):
-        c = sub.add_parser(command, help=text)
+        c = model_commands[command] = sub.add_parser(command, help=text)
         c.add_argument("--stack", help=deployment.stack_help(outputs.SAGEMAKER_STACK))
         c.add_argument("--training-job", help="a completed training job: its model")
         c.add_argument("--model-data", help="S3 URI of a model.tar.gz (a training job's, or an export's)")
@@ -283,6 +291,9 @@ def main(argv: list[str] | None = None) -> int:
     d = sub.add_parser("delete", help="delete an endpoint, its configuration and its model")
     d.add_argument("endpoint")
     a = p.parse_args(argv)
+    # A usage error, before credentials are looked for: there is nothing to ask AWS yet.
+    if a.command in model_commands and not _names_one_model(a.training_job, a.model_data, a.model_dir):
+        model_commands[a.command].error(NAME_THE_MODEL)
     try:
         session = make_session(a.region)
         if a.command in ("deploy", "transform"):

@@ -18,7 +18,8 @@ never picks up an old one's checkpoints; a spot job that SageMaker restarts keep
 resumes from EFS. The metric definitions come from training.metrics (the 22 of AWS's EFS example,
 images/s and the learning rate); rank 0's TensorBoard events also go to the job's TensorBoard output
 (s3://<bucket>/<output prefix>/tensorboard/<run name>, uploaded while the job runs). Hyperparameters
-are checked with training.hparams before anything is sent.
+(with training.hparams) and the job settings given are checked offline, before credentials are looked
+for: a bad value fails the same with or without an account.
 
 The same :func:`start_job` is what notebooks/sagemaker_training.ipynb calls. ``describe`` and ``logs``
 of a finished job (and ``start --wait``) add its estimated cost (:func:`job_cost`, launch/cost.py).
@@ -125,6 +126,13 @@ def check_hyperparameters(hyperparameters: dict[str, Any]) -> None:
         to_overrides(hyperparameters)
     except ConfigError as err:
         raise LaunchError(str(err)) from None
+
+
+def check_offline(spec: JobSpec) -> None:
+    """What can be checked without the account, before credentials are looked for: the job
+    settings the user gave (the stack's defaults fill the rest later) and the hyperparameters."""
+    resolve(spec, {})
+    check_hyperparameters(spec.hyperparameters)
 
 
 def build_trainer(session: boto3.session.Session, spec: JobSpec):
@@ -366,7 +374,6 @@ def main(argv: list[str] | None = None) -> int:
         c.add_argument("job")
     a = p.parse_args(argv)
     try:
-        session = make_session(a.region)
         if a.command == "start":
             spec = JobSpec(stack=deployment.stack_name(outputs.SAGEMAKER_STACK, stack=a.stack),
                            base_job_name=a.job_name, instance_type=a.instance_type,
@@ -374,6 +381,9 @@ def main(argv: list[str] | None = None) -> int:
                            hyperparameters=_hyperparameters(a.hyperparameter, a.hyperparameters_json),
                            train_path=a.train_path, log_path=a.log_path, run_name=a.run_name, resume=a.resume,
                            spot=a.spot, max_wait_seconds=a.max_wait, fsx=a.fsx)
+            check_offline(spec)
+        session = make_session(a.region)
+        if a.command == "start":
             request = start_job(spec, session=session, dry_run=a.dry_run, wait=a.wait)
             if a.dry_run:
                 print(json.dumps(request, indent=2, default=str))

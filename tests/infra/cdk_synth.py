@@ -78,19 +78,20 @@ class Synthesized:
 def synthesize(tmp_dir: Path, overrides: dict[str, Any] | None = None, *,
                settings_file: Path | None = None) -> Synthesized:
     """Synthesizes the real app as `cdk synth -c key=value ...` would with `overrides` as the
-    -c flags, reading `settings_file` (default: none, so the defaults) and never the
-    developer's own settings.json."""
+    -c flags, reading `settings_file` in place of the repository's settings.json, and never the
+    developer's own. Like the default settings.json, `settings_file` may not exist yet: then the
+    defaults (a file named with -c settings_file must exist, so "none" is passed)."""
     import aws_cdk as cdk
 
     from infra import settings
 
-    settings_file = settings_file or tmp_dir / "no-settings.json"
+    named = settings_file if settings_file and settings_file.exists() else None
     # The image build mode is fixed (the Docker asset), never `auto`: the templates must not
     # depend on whether the machine running the tests has Docker. A test of another mode or of
     # `auto` says so in its overrides or settings file.
-    fixed = {} if "image_build" in settings.read_file(settings_file) else {"image_build": "local"}
-    context = {**cdk_json_context(), "settings_file": str(settings_file), **fixed,
-               **(overrides or {})}
+    fixed = {} if "image_build" in settings.read_file(named) else {"image_build": "local"}
+    context = {**cdk_json_context(), "settings_file": str(named) if named else settings.NO_FILE,
+               **fixed, **(overrides or {})}
     app = cdk.App(context=context, outdir=str(tmp_dir))
     stacks = load_app_module().build(app)
     assembly = app.synth()   # raises if cdk-nag reports an unacknowledged finding

@@ -34,7 +34,7 @@ def test_cdk_nag_runs_on_every_synth_and_fails_it(tmp_path):
     import aws_cdk as cdk
     from aws_cdk import aws_s3 as s3
 
-    app = cdk.App(context={**cdk_json_context(), "settings_file": str(tmp_path / "none.json")},
+    app = cdk.App(context={**cdk_json_context(), "settings_file": "none"},
                   outdir=str(tmp_path))
     stacks = load_app_module().build(app)
     s3.CfnBucket(stacks.shared, "UnencryptedUnloggedBucket")

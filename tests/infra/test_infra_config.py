@@ -161,7 +161,7 @@ def test_build_rejects_bad_context_before_creating_any_stack():
     import aws_cdk as cdk
 
     app = cdk.App(context={**cdk_json_context(), "worker_count": -2,
-                           "settings_file": "/nonexistent/settings.json"})
+                           "settings_file": "none"})
     with pytest.raises(ConfigError):
         load_app_module().build(app)
     assert [c for c in app.node.children if isinstance(c, cdk.Stack)] == []
@@ -170,7 +170,7 @@ def test_build_rejects_bad_context_before_creating_any_stack():
 def test_app_py_prints_one_line_and_exits_non_zero_without_a_traceback():
     env = {**os.environ, "CDK_CONTEXT_JSON": json.dumps({
         **cdk_json_context(), "ssh_cidr": "nope", "key_pair_name": "k",
-        "settings_file": "/nonexistent/settings.json"})}
+        "settings_file": "none"})}
     result = subprocess.run([sys.executable, "app.py"], cwd=REPO_ROOT, env=env,
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 2

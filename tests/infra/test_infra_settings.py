@@ -86,3 +86,38 @@ def test_cdk_reads_the_settings_file_and_a_dash_c_flag_overrides_it_for_one_comm
     sizes = sorted(r["Properties"]["MaxSize"] for r in template["Resources"].values()
                    if r["Type"] == "AWS::AutoScaling::AutoScalingGroup")
     assert sizes == ["1", "2"]
+
+
+def test_a_named_settings_file_that_does_not_exist_stops_cdk_before_any_stack(tmp_path):
+    """`cdk deploy -c settings_file=prod.jsn` (a typo): read as "no file yet" it would mean all
+    defaults, and the deploy would update the unprefixed stacks. app.py refuses it instead, with
+    the path and the fix, and writes no template."""
+    typo = tmp_path / "prod.jsn"
+    context = {**cdk_json_context(), "settings_file": str(typo)}
+    env = {**os.environ, "CDK_CONTEXT_JSON": json.dumps(context),
+           "CDK_OUTDIR": str(tmp_path / "cdk.out")}
+    result = subprocess.run([sys.executable, "app.py"], cwd=REPO_ROOT, env=env,
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith(f"error: settings file {typo} (named by -c settings_file={typo}) "
+                               "does not exist"), lines[0]
+    assert f"maskrcnn settings --file {typo} set" in lines[0]
+    assert not list((tmp_path / "cdk.out").glob("*.template.json"))
+    # A directory is no settings file either.
+    with pytest.raises(ConfigError, match=f"settings file {tmp_path} .* is not a file"):
+        settings.resolve({"settings_file": str(tmp_path)})
+
+
+def test_a_named_file_must_exist_while_the_default_one_and_none_may_be_absent(tmp_path, monkeypatch):
+    missing = tmp_path / "nope.json"
+    with pytest.raises(ConfigError, match=f"settings file {missing} \\(named by --settings-file\\) "
+                                          "does not exist"):
+        settings.load_config(missing)
+    monkeypatch.setattr(settings, "DEFAULT_PATH", tmp_path / "settings.json")
+    assert settings.load_config() == settings.resolve({"settings_file": "none"}).config
+    assert settings.resolve({}).path == tmp_path / "settings.json"
+    # `settings set --file` is how a named file comes to exist.
+    settings.set_values(missing, ["worker_count=2"])
+    assert settings.load_config(missing).worker_count == 2

@@ -134,3 +134,12 @@ def test_the_image_holds_every_infra_module_the_master_commands_import():
     copied = dockerfile_copy_sources(repo / "docker" / "Dockerfile")
     assert "infra/instance_types.py" in needed           # the prices of the cost line
     assert [f for f in needed if not any(f == c or f.startswith(f"{c}/") for c in copied)] == []
+
+
+def test_a_settings_file_that_does_not_exist_is_an_error_not_the_default_cluster(tmp_path, capsys):
+    missing = tmp_path / "nope.json"
+    assert cost.main(["--settings-file", str(missing)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.startswith(f"error: settings file {missing} (named by --settings-file) "
+                                   "does not exist; check the path"), captured.err

@@ -100,7 +100,6 @@ def test_bad_requests_are_refused_before_anything_is_created(sagemaker_env, caps
     deploy_stack(session)
     cases = [
         (["deploy", "--training-job", "no-such-job"], "no training job named 'no-such-job' in us-east-1"),
-        (["deploy"], "name the model: --training-job JOB"),
         (["deploy", "--model-data", "s3://b/model.zip"], "must be the S3 URI of a .tar.gz archive"),
         (["deploy", "--model-data", f"s3://{BUCKET}/m/model.tar.gz", "--instance-type", "g5.xlarge"],
          "instance type 'g5.xlarge' is not a SageMaker type"),
@@ -216,3 +215,16 @@ def test_a_deploy_that_fails_half_way_leaves_nothing_behind(sagemaker_env, capsy
                           "--instance-type", "ml.g5.xlarge"]) == 2
     error = capsys.readouterr().err
     assert error.startswith("error: creating the endpoint half-way-2 failed (") and error.count("\n") == 1
+
+
+@pytest.mark.parametrize("args", [[], ["--training-job", "j", "--model-data", "s3://b/m/model.tar.gz"]])
+@pytest.mark.parametrize("command", [["deploy"], ["transform", "--input", "s3://b/i/", "--output", "s3://b/o/"]])
+def test_no_model_or_two_is_a_usage_error_before_credentials(tmp_path, command, args):
+    """argparse's exit status 2 and the subcommand's usage line; no credentials are looked for."""
+    from test_sagemaker_launcher import _maskrcnn_without_an_account
+    result = _maskrcnn_without_an_account("endpoint", *command, *args, home=tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith(f"usage: maskrcnn endpoint {command[0]} "), result.stderr
+    assert (f"maskrcnn endpoint {command[0]}: error: name the model: --training-job JOB"
+            in result.stderr), result.stderr
+    assert "credentials" not in result.stderr

@@ -298,3 +298,33 @@ def test_fsx_without_a_lustre_file_system_says_how_to_get_one(sagemaker_env, cap
     assert launcher.main(["start", "--fsx", "--dry-run"]) == 2
     err = capsys.readouterr().err
     assert "has no FSx for Lustre file system" in err and "maskrcnn settings set fsx_lustre_storage_gib=1200" in err
+
+
+def _maskrcnn_without_an_account(*args, home):
+    """`maskrcnn ARGS` with no credentials, no region and no endpoint: nothing can reach AWS."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env.update(AWS_CONFIG_FILE=os.devnull, AWS_SHARED_CREDENTIALS_FILE=os.devnull,
+               AWS_EC2_METADATA_DISABLED="true", HOME=str(home), PYTHONPATH=str(repo))
+    return subprocess.run([sys.executable, "-m", "launch.cli", *args], cwd=repo, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["-H", "no_such_thing=1"], "unknown hyperparameter 'no_such_thing'"),
+    (["-H", "batch_norm=BatchNorm"], "batch_norm"),
+    (["--instance-type", "p4d.24xlarge"], "not a SageMaker type"),
+    (["--spot", "--max-run", "3600", "--max-wait", "60"], "--max-wait must be at least --max-run"),
+])
+def test_a_dry_run_checks_hyperparameters_and_job_settings_before_asking_for_credentials(tmp_path, args, message):
+    result = _maskrcnn_without_an_account("sagemaker", "start", "--dry-run", *args, home=tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith("error: ") and message in result.stderr, result.stderr
+    assert "credentials" not in result.stderr
+    # Good input gets past the checks to the first thing that needs the account.
+    good = _maskrcnn_without_an_account("sagemaker", "start", "--dry-run", "-H", "batch_norm=GN", home=tmp_path)
+    assert good.returncode == 2 and "no AWS credentials found" in good.stderr, good.stderr
