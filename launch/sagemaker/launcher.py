@@ -245,13 +245,25 @@ def start_job(spec: JobSpec, *, session: boto3.session.Session | None = None, dr
     if dry_run:
         return request
     # ModelTrainer names the job again inside train(); use that name.
-    trainer.train(wait=wait, logs=wait)
+    try:
+        trainer.train(wait=wait, logs=wait)
+    except Exception as err:
+        # A job that ends Failed (or Stopped) is an outcome to report, with its status and cost
+        # (main), not a traceback.
+        if not (wait and failed_status(err)):
+            raise
     job = trainer._latest_training_job
     request["TrainingJobName"] = job.training_job_name if job is not None else request["TrainingJobName"]
     return request
 
 
 FINISHED = ("Completed", "Failed", "Stopped")
+
+
+def failed_status(err: BaseException) -> bool:
+    """Whether ``err`` is sagemaker-core's FailedStatusError: what its waits raise when the resource
+    they wait for ends in a failed state (a training or transform job Failed or Stopped)."""
+    return type(err).__name__ == "FailedStatusError"
 
 
 def job_cost(description: dict[str, Any]) -> cost.CostEstimate | None:
@@ -310,7 +322,7 @@ def follow_logs(name: str, session: boto3.session.Session | None = None) -> str:
     try:
         job.wait(logs=True)
     except Exception as err:  # FailedStatusError carries the failure reason; report, don't trace back
-        if type(err).__name__ != "FailedStatusError":
+        if not failed_status(err):
             raise
     job.refresh()
     return job.training_job_status
@@ -384,9 +396,13 @@ def main(argv: list[str] | None = None) -> int:
                       f"  continue: maskrcnn sagemaker start --run-name {run} --resume ...")
             if a.wait and not a.dry_run:   # the job has ended: its status and cost
                 described = describe_job(request["TrainingJobName"], session)
-                print(f"{request['TrainingJobName']}: {described.get('TrainingJobStatus')}")
+                status = described.get("TrainingJobStatus")
+                print(f"{request['TrainingJobName']}: {status}")
+                if described.get("FailureReason"):
+                    print(f"failure reason: {described['FailureReason']}")
                 if "EstimatedCost" in described:
                     print(described["EstimatedCost"])
+                return 0 if status == "Completed" else 1
         elif a.command == "describe":
             print(json.dumps(describe_job(a.job, session), indent=2, default=str))
         elif a.command == "stop":

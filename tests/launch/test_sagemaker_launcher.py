@@ -298,3 +298,48 @@ def test_fsx_without_a_lustre_file_system_says_how_to_get_one(sagemaker_env, cap
     assert launcher.main(["start", "--fsx", "--dry-run"]) == 2
     err = capsys.readouterr().err
     assert "has no FSx for Lustre file system" in err and "maskrcnn settings set fsx_lustre_storage_gib=1200" in err
+
+
+# --- a job that fails while `--wait` waits for it --------------------------------------------------
+# The moto server has no request that fails a training job (it reports every job Completed at once):
+# this moto server runs in the test's process, so the test sets the job's status in moto's backend
+# right after CreateTrainingJob, as SageMaker would report it later; the launcher and the SDK's wait
+# still go through HTTP.
+TRAINING_FAILURE = "AlgorithmError: training exited with status 1"
+
+
+@pytest.fixture
+def moto_in_process(sagemaker_env, monkeypatch):
+    from moto.server import ThreadedMotoServer
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://{host}:{port}")
+    yield
+    server.stop()
+
+
+def _fail_training_jobs(session):
+    from moto.core import DEFAULT_ACCOUNT_ID
+    from moto.sagemaker.models import sagemaker_backends
+
+    def fail(http_response, parsed, model, **kwargs):
+        backend = sagemaker_backends[DEFAULT_ACCOUNT_ID][session.region_name]
+        for job in backend.training_jobs.values():
+            job.training_job_status, job.failure_reason = "Failed", TRAINING_FAILURE
+    session.events.register("after-call.sagemaker.CreateTrainingJob", fail)
+
+
+def test_wait_on_a_failed_job_prints_its_status_and_cost_and_exits_1(moto_in_process, capsys, monkeypatch):
+    session = boto3.session.Session()
+    monkeypatch.setattr(launcher, "make_session", lambda region=None: session)
+    deploy_stack(session)
+    _fail_training_jobs(session)
+    assert launcher.main(["start", "--wait", "--instance-type", "ml.m5.xlarge"]) == 1
+    captured = capsys.readouterr()
+    lines = captured.out.strip().splitlines()
+    (name,) = [job["TrainingJobName"] for job in
+               session.client("sagemaker").list_training_jobs()["TrainingJobSummaries"]]
+    assert lines[-3:-1] == [f"{name}: Failed", f"failure reason: {TRAINING_FAILURE}"]
+    assert lines[-1].startswith("estimated cost: ")
+    assert "Traceback" not in captured.err
