@@ -85,9 +85,11 @@ STALL_GRACE_S = 60
 # with a non-zero status, first waits out its kill path: it is ended this long after the record.
 AFTER_STOP_RECORD_S = 15
 SIGNAL_STEP_TIMEOUT_S = 30
-# {"job_id": str, "max_attempts": int, "attempt": int, "failures": [{"attempt", "exit", "time"}]}:
-# the latest attempt of the run's latest job and the attempts of that job that failed. A new job
-# of the run (``submit --resume``) starts with an empty budget.
+# {"job_id": str, "max_attempts": int, "attempt": int, "failures": [{"attempt", "exit", "time"}],
+# "ended": bool}: the latest attempt of the run's latest job, the attempts of that job that failed,
+# and whether the job has ended for good (else it is queued, running or requeued: it may write the
+# run directory). A new job of the run (``submit --resume``) starts with an empty budget. The
+# SageMaker launcher reads it to see whether a cluster job writes a run.
 ATTEMPTS_FILE = "attempts.json"
 
 
@@ -116,9 +118,23 @@ def _job_attempts(logdir: str, job_id: str) -> dict:
 
 def record_attempt(logdir: str, *, job_id: str, attempt: int, max_attempts: int) -> dict:
     """Notes the start of an attempt of job ``job_id``."""
-    entry = {**_job_attempts(logdir, job_id), "attempt": attempt, "max_attempts": max_attempts}
+    entry = {**_job_attempts(logdir, job_id), "attempt": attempt, "max_attempts": max_attempts, "ended": False}
     write_json_atomic(os.path.join(logdir, ATTEMPTS_FILE), entry)
     return entry
+
+
+def mark_ended(logdir: str, job_id: str) -> None:
+    """Notes that job ``job_id`` of the run has ended for good: nothing of it writes the run any more."""
+    entry = _job_attempts(logdir, job_id)
+    if os.path.isdir(logdir):
+        write_json_atomic(os.path.join(logdir, ATTEMPTS_FILE), {**entry, "ended": True})
+
+
+def cluster_job_writing(logdir: str) -> str | None:
+    """The id of the cluster job that is queued, running or requeued for the run in ``logdir`` (None
+    when none is, as far as its ``attempts.json`` says)."""
+    entry = read_attempts(logdir)
+    return None if entry is None or entry.get("ended") else str(entry.get("job_id") or "?")
 
 
 def record_failure(logdir: str, *, job_id: str, attempt: int, status: int) -> int:
@@ -422,6 +438,17 @@ def main(argv: list[str] | None = None) -> int:
 
 def end_attempt(rc: int, *, logdir: str, record: dict | None, stop: str | None, attempt: int,
                 max_attempts: int, requeued: bool | None = None) -> int:
+    """:func:`report_end`; when the job ends for good (not requeued by this script or by Slurm), it
+    says so in ``attempts.json``."""
+    status = report_end(rc, logdir=logdir, record=record, stop=stop, attempt=attempt, max_attempts=max_attempts,
+                        requeued=requeued)
+    if not (stop == "slurm" and requeued is not False):   # a requeue by this script never returns
+        mark_ended(logdir, os.environ.get("SLURM_JOB_ID", ""))
+    return status
+
+
+def report_end(rc: int, *, logdir: str, record: dict | None, stop: str | None, attempt: int,
+               max_attempts: int, requeued: bool | None = None) -> int:
     """Reports how training ended and what happens next; the job script's exit status.
 
     ``record``: this attempt's ``stopped.json``; ``stop``: who asked training to stop
@@ -467,6 +494,7 @@ def _fail_or_requeue(rc: int, attempt: int, max_attempts: int, logdir: str) -> i
         print(f"attempt {attempt} failed (exit {rc}): failure {failures} of --max-attempts {max_attempts}{system}; "
               f"the job fails for good: submit again with --resume to continue from the latest checkpoint",
               flush=True)
+        mark_ended(logdir, os.environ.get("SLURM_JOB_ID", ""))
         return rc
     print(f"attempt {attempt} failed (exit {rc}): failure {failures} of --max-attempts {max_attempts}{system}; "
           f"requeued: the next attempt resumes from the latest checkpoint once the job's nodes are healthy",

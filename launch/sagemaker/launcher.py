@@ -28,7 +28,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
+from pathlib import Path
 from typing import Any
 
 import boto3
@@ -52,6 +54,12 @@ TENSORBOARD_LOCAL_PATH = "/opt/ml/output/tensorboard"   # SageMaker's default Te
 # every job name, where SageMaker's 63 characters leave it too little room, and an exact check of
 # each candidate after the substring match.
 RUN_NAME_TAG = "maskrcnn-run-name"
+# A job in these states may still write its run directory (Stopping: its ranks save a checkpoint;
+# InProgress includes a spot job waiting for capacity).
+WRITING_STATUSES = ("InProgress", "Stopping")
+WRITER_SEARCH_LIMIT = 100      # Search's largest page: the run's newest jobs
+NOTEBOOK_EFS_MOUNT = "~/efs"   # infra/userdata/notebook_on_start.sh mounts EFS there
+EFS_MOUNT_ENV = "MASKRCNN_EFS_MOUNT"
 
 
 @dataclasses.dataclass
@@ -211,26 +219,61 @@ def _lustre_train_channel(stack: dict[str, str], spec: JobSpec, source_type):
     return source, [subnet]
 
 
+def jobs_of_run(session: boto3.session.Session, run_name: str) -> list[tuple[str, str]]:
+    """(name, status) of the newest training jobs tagged with the run name, newest first."""
+    found = session.client("sagemaker").search(
+        Resource="TrainingJob", MaxResults=WRITER_SEARCH_LIMIT, SortBy="CreationTime", SortOrder="Descending",
+        SearchExpression={"Filters": [{"Name": f"Tags.{RUN_NAME_TAG}", "Operator": "Equals", "Value": run_name}]})
+    return [(r["TrainingJob"]["TrainingJobName"], r["TrainingJob"].get("TrainingJobStatus", ""))
+            for r in found["Results"]]
+
+
 def latest_job_of_run(session: boto3.session.Session, run_name: str) -> str | None:
     """The name of the newest training job tagged with the run name, None when no job has it."""
-    found = session.client("sagemaker").search(
-        Resource="TrainingJob", MaxResults=1, SortBy="CreationTime", SortOrder="Descending",
-        SearchExpression={"Filters": [{"Name": f"Tags.{RUN_NAME_TAG}", "Operator": "Equals", "Value": run_name}]})
-    return found["Results"][0]["TrainingJob"]["TrainingJobName"] if found["Results"] else None
+    jobs = jobs_of_run(session, run_name)
+    return jobs[0][0] if jobs else None
 
 
-def check_named_run(session: boto3.session.Session, run_name: str, resume: bool) -> None:
-    """The cluster's rule (launch/cluster/jobs.py): a named run must be new, unless it is resumed,
-    and then it must exist."""
-    job = latest_job_of_run(session, run_name)
-    if job and not resume:
-        raise LaunchError(f"a run named {run_name} exists (training job {job}): pass --resume to continue "
+def visible_run_root(log_path: str = LOG_CHANNEL_PATH) -> Path | None:
+    """Where this machine sees the log channel's directory of runs on EFS (the notebook mounts EFS
+    at ~/efs; ``MASKRCNN_EFS_MOUNT`` names another mount), or None where EFS is not mounted."""
+    mount = Path(os.environ.get(EFS_MOUNT_ENV) or NOTEBOOK_EFS_MOUNT).expanduser()
+    return mount / log_path.strip("/") if os.path.ismount(mount) or os.environ.get(EFS_MOUNT_ENV) else None
+
+
+def check_named_run(session: boto3.session.Session, run_name: str, resume: bool,
+                    run_root: Path | None = None) -> None:
+    """The cluster's rule (launch/cluster/jobs.py) over both paths' runs: a named run must be new,
+    unless it is resumed, and then it must exist and nothing else may be writing it. A run is its
+    directory on EFS (``run_root``, when this machine sees it: cluster and SageMaker runs alike) or,
+    where EFS is not mounted, a training job tagged with its name."""
+    from launch.cluster.job import cluster_job_writing
+
+    jobs = jobs_of_run(session, run_name)
+    run_dir = run_root / run_name if run_root is not None else None
+    found = [f"training job {jobs[0][0]}"] if jobs else []
+    if run_dir is not None and run_dir.is_dir():
+        found.append(f"directory {run_dir}")
+    if found and not resume:
+        raise LaunchError(f"a run named {run_name} exists ({', '.join(found)}): pass --resume to continue "
                           f"it from its latest checkpoint, or choose another --run-name (or leave it out for "
                           f"a new name)")
-    if resume and not job:
-        raise LaunchError(f"--resume: there is no run named {run_name} in {session.region_name} (no training "
-                          f"job has the tag {RUN_NAME_TAG}={run_name}); check the name (`start` printed it), "
-                          f"or leave out --resume to start a new run")
+    if resume and not found:
+        where = f"{run_dir} does not exist and " if run_dir is not None else ""
+        raise LaunchError(f"--resume: there is no run named {run_name} in {session.region_name} ({where}no "
+                          f"training job has the tag {RUN_NAME_TAG}={run_name}); check the name (`start` printed "
+                          f"it), or leave out --resume to start a new run")
+    if not resume:
+        return
+    writers = [f"training job {name} is {status} (`maskrcnn sagemaker stop {name}`, then wait until it is "
+               f"Stopped)" for name, status in jobs if status in WRITING_STATUSES]
+    cluster_job = cluster_job_writing(str(run_dir)) if run_dir is not None else None
+    if cluster_job:
+        writers.append(f"cluster job {cluster_job} is queued or running (`maskrcnn job stop {run_name}` on the "
+                       f"master)")
+    if writers:
+        raise LaunchError(f"--resume: run {run_name} is still being written: {'; '.join(writers)}. Two jobs "
+                          f"writing one run directory would overwrite each other's checkpoints")
 
 
 def start_job(spec: JobSpec, *, session: boto3.session.Session | None = None, dry_run: bool = False,
@@ -240,7 +283,7 @@ def start_job(spec: JobSpec, *, session: boto3.session.Session | None = None, dr
     session = session or make_session()
     trainer, resolved = build_trainer(session, spec)
     if spec.run_name:    # a new name is new by construction: the time and random digits
-        check_named_run(session, resolved.run_name, spec.resume)
+        check_named_run(session, resolved.run_name, spec.resume, visible_run_root(resolved.log_path))
     request = trainer._create_training_job_args(boto3=True)  # the exact API request, for --dry-run and the notebook
     if dry_run:
         return request

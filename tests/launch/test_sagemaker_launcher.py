@@ -343,3 +343,54 @@ def test_wait_on_a_failed_job_prints_its_status_and_cost_and_exits_1(moto_in_pro
     assert lines[-3:-1] == [f"{name}: Failed", f"failure reason: {TRAINING_FAILURE}"]
     assert lines[-1].startswith("estimated cost: ")
     assert "Traceback" not in captured.err
+
+
+# --- one run name, one writer, on both paths ----------------------------------------------------
+# The log channel (/logs on EFS) is the cluster's <EFS>/logs: a run is its directory there, whichever
+# path made it. The notebook sees it at ~/efs (MASKRCNN_EFS_MOUNT here).
+def _cluster_run(efs, name: str, *, ended: bool) -> None:
+    """A cluster run as `maskrcnn job submit` and the job script leave it (their own code)."""
+    from launch.cluster import job
+    logdir = efs / "logs" / name
+    logdir.mkdir(parents=True)
+    job.record_attempt(str(logdir), job_id="17", attempt=0, max_attempts=4)     # submitted, queued
+    if ended:
+        job.mark_ended(str(logdir), "17")
+
+
+def test_a_cluster_runs_name_is_taken_and_its_run_resumed_only_when_no_job_writes_it(sagemaker_env, capsys,
+                                                                                       tmp_path, monkeypatch):
+    efs = tmp_path / "efs"
+    monkeypatch.setenv(launcher.EFS_MOUNT_ENV, str(efs))
+    session = boto3.session.Session()
+    deploy_stack(session)
+    _cluster_run(efs, "exp1", ended=True)
+    assert launcher.main(["start", "--run-name", "exp1"]) == 2
+    assert f"a run named exp1 exists (directory {efs / 'logs' / 'exp1'}): pass --resume" in capsys.readouterr().err
+    assert _jobs(session) == []
+    _cluster_run(efs, "exp2", ended=False)
+    assert launcher.main(["start", "--run-name", "exp2", "--resume"]) == 2
+    assert ("--resume: run exp2 is still being written: cluster job 17 is queued or running "
+            "(`maskrcnn job stop exp2` on the master)") in capsys.readouterr().err
+    assert _jobs(session) == []
+    # the cluster run that has ended continues on SageMaker
+    assert launcher.main(["start", "--run-name", "exp1", "--resume"]) == 0
+    assert len(_jobs(session)) == 1
+
+
+def test_resume_is_refused_while_a_training_job_of_the_run_may_write_it(moto_in_process, capsys, monkeypatch):
+    from moto.core import DEFAULT_ACCOUNT_ID
+    from moto.sagemaker.models import sagemaker_backends
+    session = boto3.session.Session()
+    deploy_stack(session)
+    first = launcher.start_job(JobSpec(run_name="exp3", spot=True), session=session)["TrainingJobName"]
+    (job,) = sagemaker_backends[DEFAULT_ACCOUNT_ID][session.region_name].training_jobs.values()
+    for status in ("InProgress", "Stopping"):     # a spot job waiting for capacity is InProgress
+        job.training_job_status = status
+        assert launcher.main(["start", "--run-name", "exp3", "--resume"]) == 2
+        assert (f"--resume: run exp3 is still being written: training job {first} is {status} "
+                f"(`maskrcnn sagemaker stop {first}`, then wait until it is Stopped)") in capsys.readouterr().err
+    assert _jobs(session) == [first]
+    job.training_job_status = "Stopped"
+    assert launcher.main(["start", "--run-name", "exp3", "--resume", "--job-name", "again"]) == 0
+    assert len(_jobs(session)) == 2
