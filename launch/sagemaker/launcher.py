@@ -13,9 +13,10 @@ staged COCO tree), ``log`` read-write (the entry writes checkpoints and TensorBo
 instead (the app's fsx_lustre_storage_gib; the dataset at /<mount name>/coco, loaded from the bucket
 on first read) and the job runs in that file system's subnet. Run names follow launch/run_names.py,
 as on the EC2 cluster: every job gets a new run name unless ``--run-name`` gives one, a name that
-an earlier job's run has is refused unless ``--resume`` continues that run, so a new experiment
-never picks up an old one's checkpoints; a spot job that SageMaker restarts keeps its run name and
-resumes from EFS. The metric definitions come from training.metrics (the 22 of AWS's EFS example,
+an earlier run has (a cluster run's too: the log channel is the cluster's /efs/logs, checked where
+this machine mounts EFS) is refused unless ``--resume`` continues that run, so a new experiment
+never picks up an old one's checkpoints; a resume is refused while another job writes the run; a
+spot job that SageMaker restarts keeps its run name and resumes from EFS. The metric definitions come from training.metrics (the 22 of AWS's EFS example,
 images/s and the learning rate); rank 0's TensorBoard events also go to the job's TensorBoard output
 (s3://<bucket>/<output prefix>/tensorboard/<run name>, uploaded while the job runs). Hyperparameters
 are checked with training.hparams before anything is sent.
