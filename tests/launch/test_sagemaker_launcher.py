@@ -302,21 +302,10 @@ def test_fsx_without_a_lustre_file_system_says_how_to_get_one(sagemaker_env, cap
 
 # --- a job that fails while `--wait` waits for it --------------------------------------------------
 # The moto server has no request that fails a training job (it reports every job Completed at once):
-# this moto server runs in the test's process, so the test sets the job's status in moto's backend
-# right after CreateTrainingJob, as SageMaker would report it later; the launcher and the SDK's wait
-# still go through HTTP.
+# with `moto_in_process` the test sets the job's status in moto's backend right after
+# CreateTrainingJob, as SageMaker would report it later; the launcher and the SDK's wait still go
+# through HTTP.
 TRAINING_FAILURE = "AlgorithmError: training exited with status 1"
-
-
-@pytest.fixture
-def moto_in_process(sagemaker_env, monkeypatch):
-    from moto.server import ThreadedMotoServer
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://{host}:{port}")
-    yield
-    server.stop()
 
 
 def _fail_training_jobs(session):
@@ -361,7 +350,7 @@ def _cluster_run(efs, name: str, *, ended: bool) -> None:
 def test_a_cluster_runs_name_is_taken_and_its_run_resumed_only_when_no_job_writes_it(sagemaker_env, capsys,
                                                                                        tmp_path, monkeypatch):
     efs = tmp_path / "efs"
-    monkeypatch.setenv(launcher.EFS_MOUNT_ENV, str(efs))
+    monkeypatch.setenv("MASKRCNN_EFS_MOUNT", str(efs))     # documented in docs/launch.md
     session = boto3.session.Session()
     deploy_stack(session)
     _cluster_run(efs, "exp1", ended=True)
