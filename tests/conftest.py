@@ -99,7 +99,10 @@ def moto_in_process(sagemaker_env, monkeypatch):
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
-    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://{host}:{port}")
+    url = f"http://{host}:{port}"
+    # moto's backends live as long as this process: a clean state per test, as `aws_env` gives
+    urllib.request.urlopen(urllib.request.Request(url + "/moto-api/reset", method="POST"))
+    monkeypatch.setenv("AWS_ENDPOINT_URL", url)
     yield
     server.stop()
 
