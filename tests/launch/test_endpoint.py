@@ -243,18 +243,19 @@ def test_wait_on_a_failed_transform_job_or_endpoint_says_how_it_ended_and_exits_
                                                                                    monkeypatch):
     session = boto3.session.Session()
     monkeypatch.setattr(endpoint, "make_session", lambda region=None: session)
-    deploy_stack(session)
+    deploy_stack(session, name="FailingStack")
     uri = f"s3://{BUCKET}/models/run1/model.tar.gz"
     _fail_after(session, "CreateTransformJob", _fail_transforms)
     _fail_after(session, "CreateEndpoint", _fail_endpoints)
-    assert endpoint.main(["transform", "--model-data", uri, "--name", "t1", "--instance-type", "ml.g4dn.xlarge",
+    assert endpoint.main(["transform", "--stack", "FailingStack", "--model-data", uri, "--name", "t1",
+                          "--instance-type", "ml.g4dn.xlarge",
                           "--input", f"s3://{BUCKET}/images/", "--output", f"s3://{BUCKET}/out/", "--wait"]) == 1
     captured = capsys.readouterr()
     assert '"transform_job": "t1"' in captured.out and "Traceback" not in captured.err
     lines = captured.err.strip().splitlines()
     assert lines[:2] == ["transform job t1: Failed", "failure reason: ClientError: the model container exited"]
     assert lines[2].startswith("estimated cost: ") and "1 x ml.g4dn.xlarge" in lines[2]
-    assert endpoint.main(["deploy", "--model-data", uri, "--name", "e1", "--wait"]) == 1
+    assert endpoint.main(["deploy", "--stack", "FailingStack", "--model-data", uri, "--name", "e1", "--wait"]) == 1
     captured = capsys.readouterr()
     assert '"endpoint": "e1"' in captured.out
     assert captured.err.strip().splitlines() == [
