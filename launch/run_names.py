@@ -1,8 +1,9 @@
 """Run names, one rule for both paths: a new run gets a name no earlier run has (the EC2 cluster's
 Slurm job and log directory, the SageMaker run's log subdirectory and the tag on its training jobs).
-Naming an existing run is refused unless the caller resumes it, and resuming needs a run that exists;
-each launcher checks that against its own record of runs (the cluster: the log directory on EFS;
-SageMaker: the training jobs tagged with the run name)."""
+Naming an existing run is refused unless the caller resumes it, and resuming needs a run that exists
+and that no other job writes. Both paths write runs to the same directory, /efs/logs, so that
+directory is the record of runs: the cluster checks it on the master; the SageMaker launcher checks
+it where it sees EFS (the notebook), and everywhere the training jobs tagged with the run name."""
 from __future__ import annotations
 
 import re

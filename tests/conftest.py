@@ -90,6 +90,24 @@ def sagemaker_env(aws_env, tmp_path, monkeypatch):
 
 
 @pytest.fixture
+def moto_in_process(sagemaker_env, monkeypatch):
+    """``sagemaker_env`` with a moto server in this process, for the states no request of moto's
+    server can reach (a training job that fails, an endpoint that fails): the test sets them in
+    moto's backend (``moto.sagemaker.models.sagemaker_backends``); the code under test still talks
+    HTTP to the server."""
+    from moto.server import ThreadedMotoServer
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    url = f"http://{host}:{port}"
+    # moto's backends live as long as this process: a clean state per test, as `aws_env` gives
+    urllib.request.urlopen(urllib.request.Request(url + "/moto-api/reset", method="POST"))
+    monkeypatch.setenv("AWS_ENDPOINT_URL", url)
+    yield
+    server.stop()
+
+
+@pytest.fixture
 def emulated_hosts(tmp_path, request):
     """Factory for emulated hosts (tests/emulated_hosts.py): ``emulated_hosts({name: address}, private=...,
     shared=...)`` returns started :class:`EmulatedHosts`; all are torn down after the test, also on failure.

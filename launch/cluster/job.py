@@ -9,9 +9,18 @@ of the allocation after the job prolog has checked every node. Each attempt:
 3. watches the run's heartbeat (``<logdir>/heartbeat.json``, written by rank 0): a run whose step has
    not advanced for ``--stall-minutes`` is stopped (a hang in a collective, a dead NFS mount);
 4. ends the attempt: done when training succeeded; failed for good when training rejected its
-   configuration (restarting would not help) or after ``--max-attempts``; otherwise requeued with
-   ``scontrol requeue``, so the next attempt resumes from the latest checkpoint in the same log
-   directory, on the same number of nodes (the job asks for a fixed count).
+   configuration (restarting would not help) or when this was the job's ``--max-attempts``-th
+   failure; otherwise requeued with ``scontrol requeue``, so the next attempt resumes from the
+   latest checkpoint in the same log directory, on the same number of nodes (the job asks for a
+   fixed count).
+
+The failure budget counts only the attempts this script judged failed (training's error exit, a
+stall, a failed all-reduce check or dataset copy), recorded in ``<logdir>/attempts.json``. Slurm's
+``SLURM_RESTART_COUNT`` counts every requeue, the ones the system caused too (sbatch(1): "If the job
+has been restarted due to system failure or has been explicitly requeued, this will be sent to the
+number of times the job has been restarted"): a spot reclaim, a node failure or a failed prolog,
+a stop and requeue by Slurm. Those end an attempt without a failure being recorded (the script
+is killed, never started, or sees Slurm's SIGTERM), so they never spend the budget.
 
 Stopping keeps every step trained: the ranks themselves get SIGTERM, finish their step, agree on it,
 and rank 0 saves its checkpoint and writes ``stopped.json`` (training/stopping.py). When Slurm ends
@@ -26,11 +35,13 @@ stalled run or a SIGTERM reached this script alone (Slurm refuses the step once 
 Ranks still running after a grace period are killed.
 
 A node that fails (its slurmd stops answering, its health check fails) ends the attempt too: Slurm
-kills and requeues the job itself. Slurm counts attempts in ``SLURM_RESTART_COUNT``.
+kills and requeues the job itself. Slurm counts attempts in ``SLURM_RESTART_COUNT``; this script
+counts failures in ``attempts.json``.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import shutil
@@ -47,7 +58,7 @@ from launch.cluster.all_reduce import (BUSBW_FLOORS, SOCKETS_NO_FLOOR, all_reduc
 from launch.cluster.launch_command import format_command, mpirun_in_allocation, train_command
 from launch.cluster.slurm import KILL_WAIT_S
 from launch.cluster.stage import DataPlan, stage_argv, staged_overrides
-from training.run_status import read_heartbeat, read_stop_record
+from training.run_status import read_heartbeat, read_stop_record, write_json_atomic
 from training.stopping import STOPPED_EXIT_STATUS
 
 CONFIG_ERROR_STATUS = 2      # training.train's exit status for bad configuration or data
@@ -75,10 +86,79 @@ STALL_GRACE_S = 60
 # with a non-zero status, first waits out its kill path: it is ended this long after the record.
 AFTER_STOP_RECORD_S = 15
 SIGNAL_STEP_TIMEOUT_S = 30
+# {"job_id": str, "max_attempts": int, "attempt": int, "failures": [{"attempt", "exit", "time"}],
+# "ended": bool}: the latest attempt of the run's latest job, the attempts of that job that failed,
+# and whether the job has ended for good (else it is queued, running or requeued: it may write the
+# run directory). A new job of the run (``submit --resume``) starts with an empty budget. The
+# SageMaker launcher reads it to see whether a cluster job writes a run.
+ATTEMPTS_FILE = "attempts.json"
 
 
 def attempt_number() -> int:
     return int(os.environ.get("SLURM_RESTART_COUNT", "0")) + 1
+
+
+def read_attempts(logdir: str) -> dict | None:
+    """The run's ``attempts.json``, or None when no attempt has started (or it is unreadable)."""
+    try:
+        with open(os.path.join(logdir, ATTEMPTS_FILE)) as f:
+            value = json.load(f)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(value, dict) or not isinstance(value.get("failures"), list):
+        return None
+    return value
+
+
+def _job_attempts(logdir: str, job_id: str) -> dict:
+    found = read_attempts(logdir)
+    if found is None or found.get("job_id") != job_id:
+        return {"job_id": job_id, "max_attempts": None, "attempt": 0, "failures": []}
+    return found
+
+
+def record_attempt(logdir: str, *, job_id: str, attempt: int, max_attempts: int) -> dict:
+    """Notes the start of an attempt of job ``job_id``."""
+    entry = {**_job_attempts(logdir, job_id), "attempt": attempt, "max_attempts": max_attempts, "ended": False}
+    write_json_atomic(os.path.join(logdir, ATTEMPTS_FILE), entry)
+    return entry
+
+
+def mark_ended(logdir: str, job_id: str) -> None:
+    """Notes that job ``job_id`` of the run has ended for good: nothing of it writes the run any more."""
+    entry = _job_attempts(logdir, job_id)
+    if os.path.isdir(logdir):
+        write_json_atomic(os.path.join(logdir, ATTEMPTS_FILE), {**entry, "ended": True})
+
+
+def cluster_job_writing(logdir: str) -> str | None:
+    """The id of the cluster job that is queued, running or requeued for the run in ``logdir`` (None
+    when none is, as far as its ``attempts.json`` says)."""
+    entry = read_attempts(logdir)
+    return None if entry is None or entry.get("ended") else str(entry.get("job_id") or "?")
+
+
+def record_failure(logdir: str, *, job_id: str, attempt: int, status: int) -> int:
+    """Counts a failed attempt against job ``job_id``'s budget; how many of its attempts have failed."""
+    entry = _job_attempts(logdir, job_id)
+    failures = [f for f in entry["failures"] if f.get("attempt") != attempt]
+    failures.append({"attempt": attempt, "exit": status, "time": time.time()})
+    entry = {**entry, "attempt": max(attempt, entry.get("attempt") or 0), "failures": failures}
+    os.makedirs(logdir, exist_ok=True)
+    write_json_atomic(os.path.join(logdir, ATTEMPTS_FILE), entry)
+    return len(failures)
+
+
+def describe_attempts(logdir: str, job_id: str) -> str | None:
+    """``job status``'s line on the budget: the attempt Slurm is at, and the failures that count."""
+    entry = read_attempts(logdir)
+    if entry is None or entry.get("job_id") != job_id:
+        return None
+    attempt, failed = entry.get("attempt") or 0, len(entry["failures"])
+    ended = attempt if any(f.get("attempt") == attempt for f in entry["failures"]) else attempt - 1
+    budget = f" of --max-attempts {entry['max_attempts']}" if entry.get("max_attempts") else ""
+    return (f"attempt {attempt}: {failed} failure(s){budget} counted; "
+            f"{max(ended - failed, 0)} requeue(s) by the system (not counted)")
 
 
 def heartbeat_step(logdir: str) -> int | None:
@@ -322,6 +402,9 @@ def main(argv: list[str] | None = None) -> int:
         p.error(problem)
     nodes = int(os.environ.get("SLURM_JOB_NUM_NODES", "1"))
     attempt = attempt_number()
+    Path(a.logdir).mkdir(parents=True, exist_ok=True)
+    record_attempt(a.logdir, job_id=os.environ.get("SLURM_JOB_ID", ""), attempt=attempt,
+                   max_attempts=a.max_attempts)
     print(f"attempt {attempt} of job {os.environ.get('SLURM_JOB_ID', '?')} on {nodes} node(s) "
           f"({os.environ.get('SLURM_JOB_NODELIST', '?')}), {nodes * a.ranks_per_node} rank(s)", flush=True)
     overrides = a.overrides
@@ -331,14 +414,14 @@ def main(argv: list[str] | None = None) -> int:
         rc = subprocess.call([*srun_per_node(nodes), "--kill-on-bad-exit=1", *stage_argv(plan)])
         if rc != 0:
             print(f"copying the dataset to local NVMe failed (exit {rc}); see the lines above", flush=True)
-            return _fail_or_requeue(rc, attempt, a.max_attempts)
+            return _fail_or_requeue(rc, attempt, a.max_attempts, a.logdir)
         # splits named by absolute paths inside the copied directory: read from the node's copy too
         overrides = staged_overrides(a.overrides, plan)
         for added in overrides[len(a.overrides):]:
             print(f"splits given by absolute paths in {a.stage_from} are read from the node's copy: {added}",
                   flush=True)
     if not check_fabric(nodes=nodes, gpus_per_node=a.ranks_per_node, instance_type=a.instance_type, efa=a.efa):
-        return _fail_or_requeue(FABRIC_STATUS, attempt, a.max_attempts)
+        return _fail_or_requeue(FABRIC_STATUS, attempt, a.max_attempts, a.logdir)
     cmd = mpirun_in_allocation(ranks=nodes * a.ranks_per_node, efa=a.efa,
                                instance_types=[a.instance_type] if a.instance_type else [],
                                train=train_command(logdir=a.logdir, data_dir=a.data_dir, overrides=overrides))
@@ -360,6 +443,17 @@ def main(argv: list[str] | None = None) -> int:
 
 def end_attempt(rc: int, *, logdir: str, record: dict | None, stop: str | None, attempt: int,
                 max_attempts: int, requeued: bool | None = None) -> int:
+    """:func:`report_end`; when the job ends for good (not requeued by this script or by Slurm), it
+    says so in ``attempts.json``."""
+    status = report_end(rc, logdir=logdir, record=record, stop=stop, attempt=attempt, max_attempts=max_attempts,
+                        requeued=requeued)
+    if not (stop == "slurm" and requeued is not False):   # a requeue by this script never returns
+        mark_ended(logdir, os.environ.get("SLURM_JOB_ID", ""))
+    return status
+
+
+def report_end(rc: int, *, logdir: str, record: dict | None, stop: str | None, attempt: int,
+               max_attempts: int, requeued: bool | None = None) -> int:
     """Reports how training ended and what happens next; the job script's exit status.
 
     ``record``: this attempt's ``stopped.json``; ``stop``: who asked training to stop
@@ -369,7 +463,7 @@ def end_attempt(rc: int, *, logdir: str, record: dict | None, stop: str | None, 
     if record is not None:
         print(describe_stop(record, logdir), flush=True)
     if stop == "stall":
-        return _fail_or_requeue(STALLED_STATUS, attempt, max_attempts)
+        return _fail_or_requeue(STALLED_STATUS, attempt, max_attempts, logdir)
     if stop == "slurm":
         # Slurm requeues or cancels the job itself: this script only reports.
         saved = record is not None and record.get("checkpoint")
@@ -395,16 +489,21 @@ def end_attempt(rc: int, *, logdir: str, record: dict | None, stop: str | None, 
         print(f"training rejected its configuration or data (exit {rc}, see the error above); fix it and "
               f"submit again: restarting would not help", flush=True)
         return rc
-    return _fail_or_requeue(rc, attempt, max_attempts)
+    return _fail_or_requeue(rc, attempt, max_attempts, logdir)
 
 
-def _fail_or_requeue(rc: int, attempt: int, max_attempts: int) -> int:
-    if attempt >= max_attempts:
-        print(f"attempt {attempt} failed (exit {rc}); that was the last of {max_attempts} attempts: "
-              f"submit again with --resume to continue from the latest checkpoint", flush=True)
+def _fail_or_requeue(rc: int, attempt: int, max_attempts: int, logdir: str) -> int:
+    failures = record_failure(logdir, job_id=os.environ.get("SLURM_JOB_ID", ""), attempt=attempt, status=rc)
+    system = f"; {attempt - failures} requeue(s) by the system did not count" if attempt > failures else ""
+    if failures >= max_attempts:
+        print(f"attempt {attempt} failed (exit {rc}): failure {failures} of --max-attempts {max_attempts}{system}; "
+              f"the job fails for good: submit again with --resume to continue from the latest checkpoint",
+              flush=True)
+        mark_ended(logdir, os.environ.get("SLURM_JOB_ID", ""))
         return rc
-    print(f"attempt {attempt} failed (exit {rc}); requeued: the next attempt resumes from the latest "
-          f"checkpoint once the job's nodes are healthy", flush=True)
+    print(f"attempt {attempt} failed (exit {rc}): failure {failures} of --max-attempts {max_attempts}{system}; "
+          f"requeued: the next attempt resumes from the latest checkpoint once the job's nodes are healthy",
+          flush=True)
     requeue()
     return rc
 

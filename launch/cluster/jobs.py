@@ -33,7 +33,8 @@ from infra.instance_types import INSTANCE_TYPES
 from launch import cost
 from launch.aws import LaunchError
 from launch.cluster import capacity, idle, slurm
-from launch.cluster.job import MIN_STOP_GRACE_S, STOP_GRACE_S, stop_grace_problem
+from launch.cluster.job import (MIN_STOP_GRACE_S, STOP_GRACE_S, describe_attempts, mark_ended, record_attempt,
+                                stop_grace_problem)
 from launch.cluster.node_env import CLUSTER_ENV, read_cluster_env
 from launch.cluster.stage import LUSTRE_COCO_DIR, choose_data, dataset_problem
 from launch.run_names import check_run_name, new_run_name
@@ -106,6 +107,8 @@ def submit(env: dict[str, str], *, run_name: str | None, resume: bool, overrides
     with idle.training_lock():   # the idle check sees this job, or scales down before the scale-up below
         job_id = _slurm(argv, what="sbatch").strip().split(";")[0]
         (logdir / "job_id").write_text(job_id + "\n")
+        # queued: the SageMaker launcher sees that this job may write the run (attempt 0: none started)
+        record_attempt(str(logdir), job_id=job_id, attempt=0, max_attempts=max_attempts)
         _scale_up_workers(env)
     return name, job_id
 
@@ -225,7 +228,9 @@ def main(argv: list[str] | None = None) -> int:
     data.add_argument("--data-dir", help="the dataset's directory, instead of --dataset")
     s.add_argument("--no-stage-to-nvme", dest="stage_to_nvme", action="store_false",
                    help="read the dataset from EFS even on nodes with local NVMe")
-    s.add_argument("--max-attempts", type=int, default=4, help="attempts before the run fails for good")
+    s.add_argument("--max-attempts", type=int, default=4,
+                   help="failed attempts before the job fails for good (requeues the system causes, such as "
+                        "spot reclaims and node failures, do not count)")
     s.add_argument("--stall-minutes", type=float, default=30.0,
                    help="stop and requeue an attempt whose training step has not advanced for this long")
     s.add_argument("--stop-grace", type=int, default=STOP_GRACE_S, metavar="SECONDS",
@@ -268,6 +273,8 @@ def main(argv: list[str] | None = None) -> int:
             for j in [] if a.json else jobs:
                 print(f"{j['name']}  job {j['job_id']}  {j['state']}  {j['nodes']} node(s) {j['nodelist']}"
                       + (f"  ({j['reason']})" if j.get("reason") not in (None, "", "None") else ""))
+                if budget := describe_attempts(str(logdir_of(env, j["name"])), j["job_id"]):
+                    print(f"  {budget}")
             spent = run_cost(env, a.run) if a.run and not a.json else None
             if spent:
                 print(f"{spent} (the attempts that ended)")
@@ -285,6 +292,9 @@ def main(argv: list[str] | None = None) -> int:
             if job["state"] not in ACTIVE_STATES:
                 raise LaunchError(f"run {a.run}'s job {job['job_id']} has already ended ({job['state']})")
             _slurm(["scancel", job["job_id"]], what="scancel")
+            # a job cancelled while it waits never runs its script, which would say so
+            if job["state"] == "PENDING":
+                mark_ended(str(logdir_of(env, a.run)), job["job_id"])
             print(f"stopping run {a.run} (job {job['job_id']}): training saves a checkpoint first; "
                   f"`maskrcnn job submit --run-name {a.run} --resume` continues it")
         elif a.command == "list":

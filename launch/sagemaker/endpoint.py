@@ -34,7 +34,7 @@ from typing import Any
 import boto3
 
 from infra import outputs
-from launch import deployment
+from launch import cost, deployment
 from launch.aws import LaunchError, make_session, require_output, stack_outputs
 from launch.run_names import check_run_name, new_run_name
 
@@ -55,6 +55,15 @@ TRANSFORM_MAX_PAYLOAD_MB = 6
 # return for fields never set, so they cannot be tested against moto; .get() for delete alike.
 # The requests are the same. TransformJob.create passes and is used.
 SDK_FALLBACK = "boto3 for the models, endpoint configurations and endpoints"
+
+
+class NotCompleted(Exception):
+    """A ``--wait`` that ended in a failed state: ``result`` is what was created, ``lines`` say how
+    it ended (status, failure reason, cost)."""
+
+    def __init__(self, result: dict[str, str], lines: list[str]):
+        super().__init__(lines[0])
+        self.result, self.lines = result, lines
 
 
 def _client(session: boto3.session.Session):
@@ -187,9 +196,20 @@ def deploy(session: boto3.session.Session, *, training_job: str | None = None, m
             "ContainerStartupHealthCheckTimeoutInSeconds": STARTUP_TIMEOUT_SECONDS}])
         created.append("endpoint_config")
         sm.create_endpoint(EndpointName=name, EndpointConfigName=name)
+    result = {"endpoint": name, "endpoint_config": name, "model": name, "model_data": data}
     if wait:
-        sm.get_waiter("endpoint_in_service").wait(EndpointName=name)
-    return {"endpoint": name, "endpoint_config": name, "model": name, "model_data": data}
+        import botocore.exceptions
+        try:
+            sm.get_waiter("endpoint_in_service").wait(EndpointName=name)
+        except botocore.exceptions.WaiterError:
+            described = sm.describe_endpoint(EndpointName=name)
+            if described["EndpointStatus"] == "InService":
+                raise
+            raise NotCompleted(result, [f"endpoint {name}: {described['EndpointStatus']}",
+                                        f"failure reason: {described.get('FailureReason') or 'none given'}",
+                                        f"`maskrcnn endpoint delete {name}` removes it, its configuration "
+                                        f"and its model"]) from None
+    return result
 
 
 def transform(session: boto3.session.Session, *, input_uri: str, output_uri: str, training_job: str | None = None,
@@ -220,9 +240,21 @@ def transform(session: boto3.session.Session, *, input_uri: str, output_uri: str
             transform_resources=TransformResources(instance_type=instance_type, instance_count=instance_count),
             batch_strategy="SingleRecord", max_payload_in_mb=TRANSFORM_MAX_PAYLOAD_MB,
             session=session, region=session.region_name)
+    result = {"transform_job": name, "model": name, "model_data": data, "input": input_uri, "output": output_uri}
     if wait:
-        job.wait()
-    return {"transform_job": name, "model": name, "model_data": data, "input": input_uri, "output": output_uri}
+        from launch.sagemaker.launcher import failed_status
+        try:
+            job.wait()
+        except Exception as err:
+            if not failed_status(err):
+                raise
+            described = _client(session).describe_transform_job(TransformJobName=name)
+            start, end = described.get("TransformStartTime"), described.get("TransformEndTime")
+            seconds = (end - start).total_seconds() if start and end else 0
+            raise NotCompleted(result, [f"transform job {name}: {described['TransformJobStatus']}",
+                                        f"failure reason: {described.get('FailureReason') or 'none given'}",
+                                        cost.estimate(instance_type, instance_count, seconds).line()]) from None
+    return result
 
 
 def delete(session: boto3.session.Session, name: str) -> dict[str, Any]:
@@ -314,6 +346,10 @@ def main(argv: list[str] | None = None) -> int:
         if a.command == "deploy":   # stdout stays JSON for scripts
             print(f"endpoint {result['endpoint']} is billed by the hour until it is deleted: "
                   f"maskrcnn endpoint delete {result['endpoint']}", file=sys.stderr)
+    except NotCompleted as ended:
+        print(json.dumps(ended.result, indent=2))
+        print("\n".join(ended.lines), file=sys.stderr)
+        return 1
     except LaunchError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

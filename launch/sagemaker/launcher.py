@@ -13,9 +13,10 @@ staged COCO tree), ``log`` read-write (the entry writes checkpoints and TensorBo
 instead (the app's fsx_lustre_storage_gib; the dataset at /<mount name>/coco, loaded from the bucket
 on first read) and the job runs in that file system's subnet. Run names follow launch/run_names.py,
 as on the EC2 cluster: every job gets a new run name unless ``--run-name`` gives one, a name that
-an earlier job's run has is refused unless ``--resume`` continues that run, so a new experiment
-never picks up an old one's checkpoints; a spot job that SageMaker restarts keeps its run name and
-resumes from EFS. The metric definitions come from training.metrics (the 22 of AWS's EFS example,
+an earlier run has (a cluster run's too: the log channel is the cluster's /efs/logs, checked where
+this machine mounts EFS) is refused unless ``--resume`` continues that run, so a new experiment
+never picks up an old one's checkpoints; a resume is refused while another job writes the run; a
+spot job that SageMaker restarts keeps its run name and resumes from EFS. The metric definitions come from training.metrics (the 22 of AWS's EFS example,
 images/s and the learning rate); rank 0's TensorBoard events also go to the job's TensorBoard output
 (s3://<bucket>/<output prefix>/tensorboard/<run name>, uploaded while the job runs). Hyperparameters
 (with training.hparams) and the job settings given are checked offline, before credentials are looked
@@ -29,7 +30,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
+from pathlib import Path
 from typing import Any
 
 import boto3
@@ -53,6 +56,12 @@ TENSORBOARD_LOCAL_PATH = "/opt/ml/output/tensorboard"   # SageMaker's default Te
 # every job name, where SageMaker's 63 characters leave it too little room, and an exact check of
 # each candidate after the substring match.
 RUN_NAME_TAG = "maskrcnn-run-name"
+# A job in these states may still write its run directory (Stopping: its ranks save a checkpoint;
+# InProgress includes a spot job waiting for capacity).
+WRITING_STATUSES = ("InProgress", "Stopping")
+WRITER_SEARCH_LIMIT = 100      # Search's largest page: the run's newest jobs
+NOTEBOOK_EFS_MOUNT = "~/efs"   # infra/userdata/notebook_on_start.sh mounts EFS there
+EFS_MOUNT_ENV = "MASKRCNN_EFS_MOUNT"
 
 
 @dataclasses.dataclass
@@ -219,26 +228,61 @@ def _lustre_train_channel(stack: dict[str, str], spec: JobSpec, source_type):
     return source, [subnet]
 
 
+def jobs_of_run(session: boto3.session.Session, run_name: str) -> list[tuple[str, str]]:
+    """(name, status) of the newest training jobs tagged with the run name, newest first."""
+    found = session.client("sagemaker").search(
+        Resource="TrainingJob", MaxResults=WRITER_SEARCH_LIMIT, SortBy="CreationTime", SortOrder="Descending",
+        SearchExpression={"Filters": [{"Name": f"Tags.{RUN_NAME_TAG}", "Operator": "Equals", "Value": run_name}]})
+    return [(r["TrainingJob"]["TrainingJobName"], r["TrainingJob"].get("TrainingJobStatus", ""))
+            for r in found["Results"]]
+
+
 def latest_job_of_run(session: boto3.session.Session, run_name: str) -> str | None:
     """The name of the newest training job tagged with the run name, None when no job has it."""
-    found = session.client("sagemaker").search(
-        Resource="TrainingJob", MaxResults=1, SortBy="CreationTime", SortOrder="Descending",
-        SearchExpression={"Filters": [{"Name": f"Tags.{RUN_NAME_TAG}", "Operator": "Equals", "Value": run_name}]})
-    return found["Results"][0]["TrainingJob"]["TrainingJobName"] if found["Results"] else None
+    jobs = jobs_of_run(session, run_name)
+    return jobs[0][0] if jobs else None
 
 
-def check_named_run(session: boto3.session.Session, run_name: str, resume: bool) -> None:
-    """The cluster's rule (launch/cluster/jobs.py): a named run must be new, unless it is resumed,
-    and then it must exist."""
-    job = latest_job_of_run(session, run_name)
-    if job and not resume:
-        raise LaunchError(f"a run named {run_name} exists (training job {job}): pass --resume to continue "
+def visible_run_root(log_path: str = LOG_CHANNEL_PATH) -> Path | None:
+    """Where this machine sees the log channel's directory of runs on EFS (the notebook mounts EFS
+    at ~/efs; ``MASKRCNN_EFS_MOUNT`` names another mount), or None where EFS is not mounted."""
+    mount = Path(os.environ.get(EFS_MOUNT_ENV) or NOTEBOOK_EFS_MOUNT).expanduser()
+    return mount / log_path.strip("/") if os.path.ismount(mount) or os.environ.get(EFS_MOUNT_ENV) else None
+
+
+def check_named_run(session: boto3.session.Session, run_name: str, resume: bool,
+                    run_root: Path | None = None) -> None:
+    """The cluster's rule (launch/cluster/jobs.py) over both paths' runs: a named run must be new,
+    unless it is resumed, and then it must exist and nothing else may be writing it. A run is its
+    directory on EFS (``run_root``, when this machine sees it: cluster and SageMaker runs alike) or,
+    where EFS is not mounted, a training job tagged with its name."""
+    from launch.cluster.job import cluster_job_writing
+
+    jobs = jobs_of_run(session, run_name)
+    run_dir = run_root / run_name if run_root is not None else None
+    found = [f"training job {jobs[0][0]}"] if jobs else []
+    if run_dir is not None and run_dir.is_dir():
+        found.append(f"directory {run_dir}")
+    if found and not resume:
+        raise LaunchError(f"a run named {run_name} exists ({', '.join(found)}): pass --resume to continue "
                           f"it from its latest checkpoint, or choose another --run-name (or leave it out for "
                           f"a new name)")
-    if resume and not job:
-        raise LaunchError(f"--resume: there is no run named {run_name} in {session.region_name} (no training "
-                          f"job has the tag {RUN_NAME_TAG}={run_name}); check the name (`start` printed it), "
-                          f"or leave out --resume to start a new run")
+    if resume and not found:
+        where = f"{run_dir} does not exist and " if run_dir is not None else ""
+        raise LaunchError(f"--resume: there is no run named {run_name} in {session.region_name} ({where}no "
+                          f"training job has the tag {RUN_NAME_TAG}={run_name}); check the name (`start` printed "
+                          f"it), or leave out --resume to start a new run")
+    if not resume:
+        return
+    writers = [f"training job {name} is {status} (`maskrcnn sagemaker stop {name}`, then wait until it is "
+               f"Stopped)" for name, status in jobs if status in WRITING_STATUSES]
+    cluster_job = cluster_job_writing(str(run_dir)) if run_dir is not None else None
+    if cluster_job:
+        writers.append(f"cluster job {cluster_job} is queued or running (`maskrcnn job stop {run_name}` on the "
+                       f"master)")
+    if writers:
+        raise LaunchError(f"--resume: run {run_name} is still being written: {'; '.join(writers)}. Two jobs "
+                          f"writing one run directory would overwrite each other's checkpoints")
 
 
 def start_job(spec: JobSpec, *, session: boto3.session.Session | None = None, dry_run: bool = False,
@@ -248,18 +292,30 @@ def start_job(spec: JobSpec, *, session: boto3.session.Session | None = None, dr
     session = session or make_session()
     trainer, resolved = build_trainer(session, spec)
     if spec.run_name:    # a new name is new by construction: the time and random digits
-        check_named_run(session, resolved.run_name, spec.resume)
+        check_named_run(session, resolved.run_name, spec.resume, visible_run_root(resolved.log_path))
     request = trainer._create_training_job_args(boto3=True)  # the exact API request, for --dry-run and the notebook
     if dry_run:
         return request
     # ModelTrainer names the job again inside train(); use that name.
-    trainer.train(wait=wait, logs=wait)
+    try:
+        trainer.train(wait=wait, logs=wait)
+    except Exception as err:
+        # A job that ends Failed (or Stopped) is an outcome to report, with its status and cost
+        # (main), not a traceback.
+        if not (wait and failed_status(err)):
+            raise
     job = trainer._latest_training_job
     request["TrainingJobName"] = job.training_job_name if job is not None else request["TrainingJobName"]
     return request
 
 
 FINISHED = ("Completed", "Failed", "Stopped")
+
+
+def failed_status(err: BaseException) -> bool:
+    """Whether ``err`` is sagemaker-core's FailedStatusError: what its waits raise when the resource
+    they wait for ends in a failed state (a training or transform job Failed or Stopped)."""
+    return type(err).__name__ == "FailedStatusError"
 
 
 def job_cost(description: dict[str, Any]) -> cost.CostEstimate | None:
@@ -318,7 +374,7 @@ def follow_logs(name: str, session: boto3.session.Session | None = None) -> str:
     try:
         job.wait(logs=True)
     except Exception as err:  # FailedStatusError carries the failure reason; report, don't trace back
-        if type(err).__name__ != "FailedStatusError":
+        if not failed_status(err):
             raise
     job.refresh()
     return job.training_job_status
@@ -394,9 +450,13 @@ def main(argv: list[str] | None = None) -> int:
                       f"  continue: maskrcnn sagemaker start --run-name {run} --resume ...")
             if a.wait and not a.dry_run:   # the job has ended: its status and cost
                 described = describe_job(request["TrainingJobName"], session)
-                print(f"{request['TrainingJobName']}: {described.get('TrainingJobStatus')}")
+                status = described.get("TrainingJobStatus")
+                print(f"{request['TrainingJobName']}: {status}")
+                if described.get("FailureReason"):
+                    print(f"failure reason: {described['FailureReason']}")
                 if "EstimatedCost" in described:
                     print(described["EstimatedCost"])
+                return 0 if status == "Completed" else 1
         elif a.command == "describe":
             print(json.dumps(describe_job(a.job, session), indent=2, default=str))
         elif a.command == "stop":

@@ -174,14 +174,16 @@ def test_a_stalled_attempt_is_stopped_and_its_hung_ranks_killed_after_the_grace(
         time.sleep(0.1)
     assert not any(_alive(pid) for pid in ranks)
     assert read_stop_record(str(logdir), since=started) is None
-    # the last attempt: it fails for good (an earlier one would be requeued with scontrol)
+    # the job's fourth failure: it fails for good (an earlier one would be requeued with scontrol)
+    for attempt in (1, 2, 3):
+        job.record_failure(str(logdir), job_id="", attempt=attempt, status=1)
     assert job.end_attempt(rc, logdir=str(logdir), record=None, stop=stop.kind, attempt=4,
                            max_attempts=4) == job.STALLED_STATUS
     out = capfd.readouterr().out
     assert re.search(r"watchdog: no training step for [0-9.]+ min \(last step 1\): stopping this attempt", out)
     assert f"SIGTERM sent to {RANKS} training rank(s)" in out and f"SIGKILL sent to {RANKS} training rank(s)" in out
     assert "training still running 3 s after the stop request: killing it" in out
-    assert "attempt 4 failed (exit 3); that was the last of 4 attempts" in out
+    assert "attempt 4 failed (exit 3): failure 4 of --max-attempts 4; the job fails for good" in out
 
 
 def test_the_watchdog_waits_while_steps_advance(tmp_path):
@@ -263,6 +265,79 @@ def test_ranks_stopped_by_hand_end_the_job_without_a_requeue(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "the run stopped on request; `maskrcnn job submit --run-name run7 --resume` continues it" in out
     assert "requeued" not in out
+
+
+# --------------------------------------------------------------------------------- the failure budget
+# Slurm requeues a job for reasons of its own and counts them all in SLURM_RESTART_COUNT (sbatch(1):
+# "If the job has been restarted due to system failure or has been explicitly requeued, this will be
+# sent to the number of times the job has been restarted"), and "When a job is requeued, the batch
+# script is initiated from its beginning" (sbatch --requeue). So attempt N of a job runs with
+# SLURM_RESTART_COUNT=N-1 whatever ended the N-1 before it.
+
+# What slurmctld does on `scontrol requeue` from inside the job: it ends the batch script with SIGTERM.
+SCONTROL_STAND_IN = """#!/bin/sh
+echo "$@" >> "$SCONTROL_LOG"
+kill -TERM $PPID
+"""
+
+
+def _run_attempt(tmp_path, logdir: Path, *, restart_count: int, rc: int = 1, stop: str | None = None,
+                 max_attempts: int = 4) -> tuple[int, str, list[str]]:
+    """One attempt's end as the job script runs it (its own process, Slurm's environment), with
+    ``scontrol`` on PATH standing in for slurmctld: (exit status, output, scontrol calls)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "scontrol").write_text(SCONTROL_STAND_IN)
+    (bin_dir / "scontrol").chmod(0o755)
+    log = tmp_path / "scontrol.log"
+    log.write_text("")
+    code = ("import sys; from launch.cluster import job; "
+            f"sys.exit(job.end_attempt({rc}, logdir={str(logdir)!r}, record=None, stop={stop!r}, "
+            f"attempt=job.attempt_number(), max_attempts={max_attempts}, requeued=True))")
+    env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", PYTHONPATH=str(REPO),
+               SLURM_JOB_ID="17", SLURM_RESTART_COUNT=str(restart_count), SCONTROL_LOG=str(log))
+    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=REPO, capture_output=True, text=True,
+                         timeout=60)
+    return out.returncode, out.stdout, log.read_text().splitlines()
+
+
+def test_requeues_by_the_system_do_not_spend_the_failure_budget(tmp_path):
+    logdir = tmp_path / "run7"
+    logdir.mkdir()
+    # attempts 1-3: a spot reclaim, a node failure, a pause: Slurm's SIGTERM, or the script killed
+    # outright (nothing runs), or a prolog that failed (the script never starts)
+    status, _, calls = _run_attempt(tmp_path, logdir, restart_count=0, rc=143, stop="slurm")
+    assert status == 143 and calls == []
+    # attempt 4 (SLURM_RESTART_COUNT=3): training's first error of this job
+    status, out, calls = _run_attempt(tmp_path, logdir, restart_count=3, rc=1)
+    assert calls == ["requeue 17"] and status == -signal.SIGTERM
+    assert "attempt 4 failed (exit 1): failure 1 of --max-attempts 4; 3 requeue(s) by the system did not count" in out
+    assert job.describe_attempts(str(logdir), "17") == (
+        "attempt 4: 1 failure(s) counted; 3 requeue(s) by the system (not counted)")
+
+
+def test_the_jobs_max_attempts_th_failure_fails_it_for_good(tmp_path):
+    logdir = tmp_path / "run7"
+    logdir.mkdir()
+    for restart_count in (0, 1):
+        _, out, calls = _run_attempt(tmp_path, logdir, restart_count=restart_count, rc=1, max_attempts=3)
+        assert calls == ["requeue 17"], out
+    # attempt 3 was ended by the system; attempt 4 is the job's third failure
+    status, out, calls = _run_attempt(tmp_path, logdir, restart_count=3, rc=1, max_attempts=3)
+    assert status == 1 and calls == []
+    assert ("attempt 4 failed (exit 1): failure 3 of --max-attempts 3; 1 requeue(s) by the system did not count; "
+            "the job fails for good") in out
+
+
+def test_a_new_job_of_the_run_starts_with_a_full_budget(tmp_path):
+    logdir = tmp_path / "run7"
+    for attempt in (1, 2, 3):
+        job.record_failure(str(logdir), job_id="16", attempt=attempt, status=1)
+    assert job.record_failure(str(logdir), job_id="17", attempt=1, status=1) == 1
+    job.record_attempt(str(logdir), job_id="17", attempt=2, max_attempts=4)
+    assert job.describe_attempts(str(logdir), "17") == (
+        "attempt 2: 1 failure(s) of --max-attempts 4 counted; 0 requeue(s) by the system (not counted)")
+    assert job.describe_attempts(str(logdir), "16") is None
 
 
 # --------------------------------------------------------------------------------- input workers

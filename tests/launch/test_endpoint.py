@@ -228,3 +228,48 @@ def test_no_model_or_two_is_a_usage_error_before_credentials(tmp_path, command, 
     assert (f"maskrcnn endpoint {command[0]}: error: name the model: --training-job JOB"
             in result.stderr), result.stderr
     assert "credentials" not in result.stderr
+
+
+# --- `--wait` on a transform job or endpoint that fails --------------------------------------------
+# moto's server completes every transform job and puts every endpoint in service at once: the test
+# sets the failed state in moto's backend (moto_in_process) right after the Create request, as
+# SageMaker would report it later.
+def _fail_after(session, operation: str, fail) -> None:
+    from moto.core import DEFAULT_ACCOUNT_ID
+    from moto.sagemaker.models import sagemaker_backends
+    session.events.register(f"after-call.sagemaker.{operation}", lambda **kw: fail(
+        sagemaker_backends[DEFAULT_ACCOUNT_ID][session.region_name]))
+
+
+def _fail_transforms(backend):
+    for job in backend.transform_jobs.values():
+        job.transform_job_status, job.failure_reason = "Failed", "ClientError: the model container exited"
+
+
+def _fail_endpoints(backend):
+    for created in backend.endpoints.values():
+        created.endpoint_status, created.failure_reason = "Failed", "the container did not pass the ping check"
+
+
+def test_wait_on_a_failed_transform_job_or_endpoint_says_how_it_ended_and_exits_1(moto_in_process, capsys,
+                                                                                   monkeypatch):
+    session = boto3.session.Session()
+    monkeypatch.setattr(endpoint, "make_session", lambda region=None: session)
+    deploy_stack(session, name="FailingStack")
+    uri = f"s3://{BUCKET}/models/run1/model.tar.gz"
+    _fail_after(session, "CreateTransformJob", _fail_transforms)
+    _fail_after(session, "CreateEndpoint", _fail_endpoints)
+    assert endpoint.main(["transform", "--stack", "FailingStack", "--model-data", uri, "--name", "t1",
+                          "--instance-type", "ml.g4dn.xlarge",
+                          "--input", f"s3://{BUCKET}/images/", "--output", f"s3://{BUCKET}/out/", "--wait"]) == 1
+    captured = capsys.readouterr()
+    assert '"transform_job": "t1"' in captured.out and "Traceback" not in captured.err
+    lines = captured.err.strip().splitlines()
+    assert lines[:2] == ["transform job t1: Failed", "failure reason: ClientError: the model container exited"]
+    assert lines[2].startswith("estimated cost: ") and "1 x ml.g4dn.xlarge" in lines[2]
+    assert endpoint.main(["deploy", "--stack", "FailingStack", "--model-data", uri, "--name", "e1", "--wait"]) == 1
+    captured = capsys.readouterr()
+    assert '"endpoint": "e1"' in captured.out
+    assert captured.err.strip().splitlines() == [
+        "endpoint e1: Failed", "failure reason: the container did not pass the ping check",
+        "`maskrcnn endpoint delete e1` removes it, its configuration and its model"]

@@ -328,3 +328,88 @@ def test_a_dry_run_checks_hyperparameters_and_job_settings_before_asking_for_cre
     # Good input gets past the checks to the first thing that needs the account.
     good = _maskrcnn_without_an_account("sagemaker", "start", "--dry-run", "-H", "batch_norm=GN", home=tmp_path)
     assert good.returncode == 2 and "no AWS credentials found" in good.stderr, good.stderr
+
+
+# --- a job that fails while `--wait` waits for it --------------------------------------------------
+# The moto server has no request that fails a training job (it reports every job Completed at once):
+# with `moto_in_process` the test sets the job's status in moto's backend right after
+# CreateTrainingJob, as SageMaker would report it later; the launcher and the SDK's wait still go
+# through HTTP.
+TRAINING_FAILURE = "AlgorithmError: training exited with status 1"
+
+
+def _fail_training_jobs(session):
+    from moto.core import DEFAULT_ACCOUNT_ID
+    from moto.sagemaker.models import sagemaker_backends
+
+    def fail(http_response, parsed, model, **kwargs):
+        backend = sagemaker_backends[DEFAULT_ACCOUNT_ID][session.region_name]
+        for job in backend.training_jobs.values():
+            job.training_job_status, job.failure_reason = "Failed", TRAINING_FAILURE
+    session.events.register("after-call.sagemaker.CreateTrainingJob", fail)
+
+
+def test_wait_on_a_failed_job_prints_its_status_and_cost_and_exits_1(moto_in_process, capsys, monkeypatch):
+    session = boto3.session.Session()
+    monkeypatch.setattr(launcher, "make_session", lambda region=None: session)
+    deploy_stack(session)
+    _fail_training_jobs(session)
+    assert launcher.main(["start", "--wait", "--instance-type", "ml.m5.xlarge"]) == 1
+    captured = capsys.readouterr()
+    lines = captured.out.strip().splitlines()
+    (name,) = [job["TrainingJobName"] for job in
+               session.client("sagemaker").list_training_jobs()["TrainingJobSummaries"]]
+    assert lines[-3:-1] == [f"{name}: Failed", f"failure reason: {TRAINING_FAILURE}"]
+    assert lines[-1].startswith("estimated cost: ")
+    assert "Traceback" not in captured.err
+
+
+# --- one run name, one writer, on both paths ----------------------------------------------------
+# The log channel (/logs on EFS) is the cluster's <EFS>/logs: a run is its directory there, whichever
+# path made it. The notebook sees it at ~/efs (MASKRCNN_EFS_MOUNT here).
+def _cluster_run(efs, name: str, *, ended: bool) -> None:
+    """A cluster run as `maskrcnn job submit` and the job script leave it (their own code)."""
+    from launch.cluster import job
+    logdir = efs / "logs" / name
+    logdir.mkdir(parents=True)
+    job.record_attempt(str(logdir), job_id="17", attempt=0, max_attempts=4)     # submitted, queued
+    if ended:
+        job.mark_ended(str(logdir), "17")
+
+
+def test_a_cluster_runs_name_is_taken_and_its_run_resumed_only_when_no_job_writes_it(sagemaker_env, capsys,
+                                                                                       tmp_path, monkeypatch):
+    efs = tmp_path / "efs"
+    monkeypatch.setenv("MASKRCNN_EFS_MOUNT", str(efs))     # documented in docs/launch.md
+    session = boto3.session.Session()
+    deploy_stack(session)
+    _cluster_run(efs, "exp1", ended=True)
+    assert launcher.main(["start", "--run-name", "exp1"]) == 2
+    assert f"a run named exp1 exists (directory {efs / 'logs' / 'exp1'}): pass --resume" in capsys.readouterr().err
+    assert _jobs(session) == []
+    _cluster_run(efs, "exp2", ended=False)
+    assert launcher.main(["start", "--run-name", "exp2", "--resume"]) == 2
+    assert ("--resume: run exp2 is still being written: cluster job 17 is queued or running "
+            "(`maskrcnn job stop exp2` on the master)") in capsys.readouterr().err
+    assert _jobs(session) == []
+    # the cluster run that has ended continues on SageMaker
+    assert launcher.main(["start", "--run-name", "exp1", "--resume"]) == 0
+    assert len(_jobs(session)) == 1
+
+
+def test_resume_is_refused_while_a_training_job_of_the_run_may_write_it(moto_in_process, capsys, monkeypatch):
+    from moto.core import DEFAULT_ACCOUNT_ID
+    from moto.sagemaker.models import sagemaker_backends
+    session = boto3.session.Session()
+    deploy_stack(session)
+    first = launcher.start_job(JobSpec(run_name="exp3", spot=True), session=session)["TrainingJobName"]
+    (job,) = sagemaker_backends[DEFAULT_ACCOUNT_ID][session.region_name].training_jobs.values()
+    for status in ("InProgress", "Stopping"):     # a spot job waiting for capacity is InProgress
+        job.training_job_status = status
+        assert launcher.main(["start", "--run-name", "exp3", "--resume"]) == 2
+        assert (f"--resume: run exp3 is still being written: training job {first} is {status} "
+                f"(`maskrcnn sagemaker stop {first}`, then wait until it is Stopped)") in capsys.readouterr().err
+    assert _jobs(session) == [first]
+    job.training_job_status = "Stopped"
+    assert launcher.main(["start", "--run-name", "exp3", "--resume", "--job-name", "again"]) == 0
+    assert len(_jobs(session)) == 2
