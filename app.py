@@ -11,8 +11,8 @@ import sys
 from dataclasses import dataclass
 
 import aws_cdk as cdk
-from cdk_nag import AwsSolutionsChecks
 
+from infra import checks
 from infra import outputs
 from infra import settings
 from infra.config import AppConfig, ConfigError
@@ -62,8 +62,8 @@ def build(app: cdk.App) -> Stacks:
                                  stack_name=config.stack_name(outputs.SAGEMAKER_STACK),
                                  shared=shared, config=config),
     )
-    # cdk-nag's AWS Solutions pack runs on every synth: an unacknowledged finding fails it.
-    cdk.Validations.of(app).add_plugins(AwsSolutionsChecks(app))
+    # cdk-nag and cdk-preflight run on every synth: an unacknowledged finding fails it.
+    checks.add_checks(app)
     return stacks
 
 
