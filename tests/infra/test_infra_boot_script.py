@@ -407,9 +407,11 @@ def test_a_node_that_mounts_efs_without_tls_says_so_and_the_alerts_topic_hears_i
         assert process.wait(timeout=240) == 0, (tmp_path / name / "console.log").read_text()
         return (tmp_path / name / "log" / "maskrcnn-boot.log").read_text()
 
-    def alerts() -> list[dict]:
+    def alerts() -> list[dict]:   # read and deleted (else SQS shows them again after 30 s)
         messages = sqs.receive_message(QueueUrl=queue_url, MaxNumberOfMessages=10,
                                        WaitTimeSeconds=1).get("Messages", [])
+        for message in messages:
+            sqs.delete_message(QueueUrl=queue_url, ReceiptHandle=message["ReceiptHandle"])
         return [json.loads(m["Body"]) for m in messages]
 
     warning = (f"warning: EFS {file_system} is mounted with plain NFS 4.1, without encryption in "
