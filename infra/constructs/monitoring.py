@@ -102,7 +102,6 @@ class _Alerts(Construct):
         self.topic = topic
         self.role = iam.Role(self, "PublishRole", assumed_by=iam.ServicePrincipal("events.amazonaws.com"),
                              description="EventBridge publishes the training stack's alerts to the topic")
-        self.failed_delivery_alarms: dict[str, cloudwatch.Alarm] = {}
 
     def rule(self, id: str, *, description: str, pattern: events.EventPattern,
              message: events.RuleTargetInput) -> events.Rule:
@@ -121,7 +120,6 @@ class _Alerts(Construct):
                 f"it was about is lost ({description}). Check the rule's target, its publish "
                 "role (sns:Publish on the topic) and the topic."))
         alarm.add_alarm_action(cloudwatch_actions.SnsAction(self.topic))
-        self.failed_delivery_alarms[id] = alarm
         return rule
 
 
