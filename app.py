@@ -12,9 +12,8 @@ import sys
 from dataclasses import dataclass
 
 import aws_cdk as cdk
-from cdk_nag import AwsSolutionsChecks
 
-from infra import image_build, outputs
+from infra import checks, image_build, outputs
 from infra import settings
 from infra.config import AppConfig, ConfigError
 from infra.stacks.efs_cluster import EfsClusterStack
@@ -69,8 +68,8 @@ def build(app: cdk.App) -> Stacks:
                                  stack_name=config.stack_name(outputs.SAGEMAKER_STACK),
                                  shared=shared, config=config),
     )
-    # cdk-nag's AWS Solutions pack runs on every synth: an unacknowledged finding fails it.
-    cdk.Validations.of(app).add_plugins(AwsSolutionsChecks(app))
+    # cdk-nag and cdk-preflight run on every synth: an unacknowledged finding fails it.
+    checks.add_checks(app)
     return stacks
 
 

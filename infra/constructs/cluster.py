@@ -36,6 +36,21 @@ ROOT_DEVICE = "/dev/sda1"
 LOGIN_USER = "ubuntu"
 # Covers a cold boot, an image pull of several GB and the master waiting for its workers.
 BOOT_TIMEOUT = Duration.minutes(45)
+# What the SSM agent on a node needs for Session Manager and Run Command, by statement id.
+# Session Manager: AWS's minimal instance policy ("Step 2: Verify or add instance permissions for
+# Session Manager"): ssm:UpdateInstanceInformation and the four ssmmessages channel actions.
+# Run Command (launch/smoke.py sends AWS-RunShellScript to the master): the agent's ec2messages
+# actions. ssm:ListInstanceAssociations: the agent asks for its associations at every start
+# and logs an access error without it.
+SSM_AGENT_STATEMENTS = {
+    "SessionManagerChannels": (
+        "ssm:UpdateInstanceInformation", "ssm:ListInstanceAssociations",
+        "ssmmessages:CreateControlChannel", "ssmmessages:CreateDataChannel",
+        "ssmmessages:OpenControlChannel", "ssmmessages:OpenDataChannel"),
+    "RunCommandMessages": (
+        "ec2messages:AcknowledgeMessage", "ec2messages:DeleteMessage", "ec2messages:FailMessage",
+        "ec2messages:GetEndpoint", "ec2messages:GetMessages", "ec2messages:SendReply"),
+}
 
 
 @dataclass(frozen=True)
@@ -269,17 +284,15 @@ class GpuCluster(Construct):
     # --- roles -------------------------------------------------------------------------------
 
     def _node_role(self, id: str, description: str) -> iam.Role:
-        role = iam.Role(
-            self, id, description=description,
-            assumed_by=iam.ServicePrincipal("ec2.amazonaws.com"),
-            managed_policies=[iam.ManagedPolicy.from_aws_managed_policy_name(
-                "AmazonSSMManagedInstanceCore")])
-        acknowledge(
-            role, "AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/"
-                  "AmazonSSMManagedInstanceCore]",
-            "SSM Session Manager is how users reach the nodes when no ssh_cidr is set. AWS "
-            "maintains this policy as the minimum the SSM agent needs; a copy would drift from "
-            "the agent's requirements.")
+        role = iam.Role(self, id, description=description,
+                        assumed_by=iam.ServicePrincipal("ec2.amazonaws.com"))
+        # SSM Session Manager (how users reach the nodes without ssh_cidr) and Run Command, and
+        # nothing else of Systems Manager: AmazonSSMManagedInstanceCore would also let every
+        # process on the node, user containers on the host network included, read every SSM
+        # parameter of the account. The only parameter a node reads is its group's boot-failure
+        # count, allowed on its ARN (_boot_failure_guard).
+        for sid, actions in SSM_AGENT_STATEMENTS.items():
+            role.add_to_policy(iam.PolicyStatement(sid=sid, actions=list(actions), resources=["*"]))
         # Node discovery (the boot script's node registry, Slurm node names, the idle check):
         # these Describe calls have no resource-level scoping.
         role.add_to_policy(iam.PolicyStatement(
@@ -301,7 +314,10 @@ class GpuCluster(Construct):
             resources=[Aws.STACK_ID]))
         acknowledge(
             role, "AwsSolutions-IAM5[Resource::*]",
-            "Resource '*' only where AWS offers no resource-level scoping: "
+            "Resource '*' only for the SSM agent's Session Manager and Run Command actions "
+            "(ssmmessages, ec2messages, ssm:UpdateInstanceInformation, "
+            "ssm:ListInstanceAssociations: the node's own channels, on '*' as in AWS's minimal "
+            "Session Manager instance policy) and where AWS offers no resource-level scoping: "
             "autoscaling:DescribeAutoScalingGroups, autoscaling:DescribeAutoScalingInstances, "
             "ec2:DescribeInstances, ec2:DescribeInstanceTypes and ec2:DescribeCapacityReservations "
             "(node discovery, Slurm node names, a Capacity Block's end) and ecr:GetAuthorizationToken "

@@ -89,7 +89,13 @@ def _storage_widgets(*, file_system_id: str, lustre_file_system_id: str | None) 
 
 class _Alerts(Construct):
     """EventBridge rules to the topic, through a role of their own (the topic's policy, in the
-    shared stack, stays as it is)."""
+    shared stack, stays as it is), each with an alarm on its failed deliveries.
+
+    EventBridge counts a target it could not invoke (its role denied, the topic gone, a
+    throttled publish) as a FailedInvocation of the rule, in AWS/Events with the dimension
+    RuleName, and drops the event after its retries: without the alarm an alert that never
+    arrived would look like nothing happened. The alarm tells the same topic through CloudWatch,
+    which publishes under the topic policy's own statement, not through the rule's role."""
 
     def __init__(self, scope: Construct, id: str, *, topic: sns.ITopic) -> None:
         super().__init__(scope, id)
@@ -99,8 +105,22 @@ class _Alerts(Construct):
 
     def rule(self, id: str, *, description: str, pattern: events.EventPattern,
              message: events.RuleTargetInput) -> events.Rule:
-        return events.Rule(self, id, description=description, event_pattern=pattern, targets=[
+        rule = events.Rule(self, id, description=description, event_pattern=pattern, targets=[
             targets.SnsTopic(self.topic, authorize_using_role=True, role=self.role, message=message)])
+        failed = cloudwatch.Metric(
+            namespace="AWS/Events", metric_name="FailedInvocations", statistic="Sum",
+            period=Duration.minutes(5), dimensions_map={"RuleName": rule.rule_name})
+        alarm = failed.create_alarm(
+            self, f"{id}FailedDeliveries", threshold=1, evaluation_periods=1,
+            alarm_name=f"{Stack.of(self).stack_name}-{id}-failed-deliveries",
+            comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+            treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
+            alarm_description=(
+                f"EventBridge could not deliver the {id} alert to the alerts topic, and the event "
+                f"it was about is lost ({description}). Check the rule's target, its publish "
+                "role (sns:Publish on the topic) and the topic."))
+        alarm.add_alarm_action(cloudwatch_actions.SnsAction(self.topic))
+        return rule
 
 
 class ClusterMonitoring(Construct):
@@ -270,11 +290,15 @@ class SageMakerMonitoring(Construct):
             pattern=events.EventPattern(
                 source=["aws.sagemaker"], detail_type=["SageMaker Training Job State Change"],
                 detail={"TrainingJobStatus": ["Completed", "Failed", "Stopped"], "RoleArn": [training_role_arn]}),
+            # EventBridge reads every <name> in the text as a placeholder (its variables and
+            # aws.events.*), so the text names the job by its own variable and the run in words.
             message=events.RuleTargetInput.from_text(
                 f"SageMaker training job {detail('$.detail.TrainingJobName')}: "
                 f"{detail('$.detail.TrainingJobStatus')}. {detail('$.detail.FailureReason')} "
-                "maskrcnn sagemaker describe <job> shows the reason, final metrics and "
-                "cost; a failed or stopped job continues from its checkpoints with --run-name <its run>."))
+                f"`maskrcnn sagemaker describe {detail('$.detail.TrainingJobName')}` shows the reason, "
+                "final metrics and cost; a failed or stopped job continues from its checkpoints with "
+                "`maskrcnn sagemaker start --run-name RUN --resume`, RUN being the job's "
+                "maskrcnn-run-name tag."))
 
         ns, host = m.SAGEMAKER_NAMESPACE, m.SAGEMAKER_HOST_DIMENSION
         per_job = lambda name, statistic="Average", period=PERIOD: _search(  # noqa: E731

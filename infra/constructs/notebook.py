@@ -175,6 +175,12 @@ class Notebook(Construct):
             # The notebook's credentials come from its metadata service: no IMDSv1 requests.
             instance_metadata_service_configuration=_IMDS_V2_ONLY,
         )
+        # The instance's first start runs the lifecycle script with the role's permissions
+        # (download the project, mount EFS): CloudFormation must create the role's policy
+        # first. The role ARN orders the instance after the role, not after its policy. Every
+        # statement added to the role (here and by the stack's grants) lands in its default
+        # policy; the idle stop's policy names the instance, so it cannot come first.
+        self.instance.node.add_dependency(self.role.node.find_child("DefaultPolicy"))
         self.notebook_name: str = self.instance.attr_notebook_instance_name
 
         if idle_minutes:

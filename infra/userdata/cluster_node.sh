@@ -201,12 +201,34 @@ check_gpus() {  # an AMI whose driver cannot drive this GPU boots fine and count
   fi
 }
 
+# EFS without TLS is allowed (SageMaker's EFS channels cannot use TLS either, docs/infra.md) but
+# never silent: the boot log says so on every node, and the first node of each AMI tells the alerts
+# topic (the marker on EFS keeps it to one message per AMI, not one per node and boot).
+report_plain_nfs() {
+  local ami marker subject
+  log "warning: EFS $FILE_SYSTEM_ID is mounted with plain NFS 4.1, without encryption in transit:" \
+      "this AMI has no amazon-efs-utils (mount.efs), which mounts EFS with TLS"
+  ami=$(imds ami-id || true)
+  marker="$EFS_MOUNT/.maskrcnn/$STACK_NAME/efs-without-tls/${ami:-unknown-ami}"
+  mkdir -p "${marker%/*}" || return 0
+  mkdir "$marker" 2>/dev/null || return 0   # another node of this AMI has told the topic
+  subject="$STACK_NAME: EFS mounted without TLS (no amazon-efs-utils on the AMI)"
+  aws sns publish --topic-arn "$ALERTS_TOPIC_ARN" --subject "${subject:0:100}" \
+    --message "The cluster nodes of $STACK_NAME mount EFS $FILE_SYSTEM_ID with plain NFS 4.1: the \
+traffic between the nodes and the file system is not encrypted in transit (its data at rest is). \
+Their AMI (${ami:-unknown}) has no amazon-efs-utils, whose mount helper mount.efs mounts with TLS; \
+first node: $INSTANCE_ID ($ROLE, $PRIVATE_IP). For TLS, pin ami_id to an AMI with amazon-efs-utils \
+installed and redeploy; the nodes then mount with TLS. This message comes once per AMI." >/dev/null \
+    || { log "could not publish to $ALERTS_TOPIC_ARN"; rmdir "$marker" || true; }
+}
+
 mount_efs() {
-  local line
+  local line tls=1
   mkdir -p "$EFS_MOUNT"
   if command -v mount.efs >/dev/null; then
     line="$FILE_SYSTEM_ID:/ $EFS_MOUNT efs _netdev,tls 0 0"
   else
+    tls=0
     if ! command -v mount.nfs4 >/dev/null; then
       retry 5 10 apt-get -qq update
       retry 5 10 apt-get -qq install -y nfs-common
@@ -219,6 +241,7 @@ mount_efs() {
   # them.
   # A hard NFS mount can hang while a target is unreachable: bound each attempt.
   mountpoint -q "$EFS_MOUNT" || retry 60 10 timeout 60 mount "$EFS_MOUNT"
+  (( tls )) || report_plain_nfs
 }
 
 # The FSx for Lustre client repository for Ubuntu (FSx for Lustre user guide, "Installing the

@@ -96,10 +96,11 @@ class _Imds(http.server.BaseHTTPRequestHandler):
         pass
 
 
-def _imds(instance_id: str, private_ip: str, instance_type: str) -> str:
-    handler = type("Imds", (_Imds,), {"metadata": {"instance-id": instance_id,
-                                                   "local-ipv4": private_ip,
-                                                   "instance-type": instance_type}})
+def _imds(instance_id: str, private_ip: str, instance_type: str, ami_id: str = "") -> str:
+    metadata = {"instance-id": instance_id, "local-ipv4": private_ip, "instance-type": instance_type}
+    if ami_id:
+        metadata["ami-id"] = ami_id
+    handler = type("Imds", (_Imds,), {"metadata": metadata})
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return f"http://127.0.0.1:{server.server_address[1]}"
@@ -372,3 +373,66 @@ def test_master_and_worker_boot_into_the_node_contract(aws_env, default_synth, t
     assert instance["HealthStatus"].upper() == "UNHEALTHY"
     assert not (failing / "calls.log").exists() or "docker run" not in (
         failing / "calls.log").read_text()
+
+
+def test_a_node_that_mounts_efs_without_tls_says_so_and_the_alerts_topic_hears_it_once(
+        aws_env, default_synth, tmp_path):
+    """The AMI has no amazon-efs-utils (no mount.efs): the node mounts EFS with plain NFS 4.1, its
+    boot log says the traffic is not encrypted in transit, and the first node of that AMI tells
+    the alerts topic (read from an SQS queue subscribed to it); a replacement on the same AMI
+    logs it again but does not repeat the alert. A node whose AMI has mount.efs mounts with TLS
+    and says nothing of the kind."""
+    stack_outputs = deploy_cluster(default_synth)
+    (topic_arn,) = [r["PhysicalResourceId"] for r in boto3.client("cloudformation")
+                    .list_stack_resources(StackName=outputs.NETWORK_STORAGE_STACK)["StackResourceSummaries"]
+                    if r["ResourceType"] == "AWS::SNS::Topic"]
+    sqs = boto3.client("sqs")
+    queue_url = sqs.create_queue(QueueName="alerts")["QueueUrl"]
+    queue_arn = sqs.get_queue_attributes(QueueUrl=queue_url, AttributeNames=["QueueArn"])[
+        "Attributes"]["QueueArn"]
+    boto3.client("sns").subscribe(TopicArn=topic_arn, Protocol="sqs", Endpoint=queue_arn)
+
+    efs = tmp_path / "efs"
+    efs.mkdir()
+    stubs = make_stubs(tmp_path / "stubs")
+    instance_id, ip = _instance(stack_outputs[outputs.WORKER_ASG_NAME])
+    (reservation,) = boto3.client("ec2").describe_instances(InstanceIds=[instance_id])["Reservations"]
+    ami = reservation["Instances"][0]["ImageId"]
+    imds = _imds(instance_id, ip, default_synth.context["instance_type"], ami)
+    user_data = node_user_data("ClusterWorker", efs)
+    file_system = stack_outputs[outputs.FILE_SYSTEM_ID]
+
+    def boot(name: str) -> str:
+        process = _start_node(tmp_path / name, user_data, imds, stubs, gpus=GPUS_OF_TYPE)
+        assert process.wait(timeout=240) == 0, (tmp_path / name / "console.log").read_text()
+        return (tmp_path / name / "log" / "maskrcnn-boot.log").read_text()
+
+    def alerts() -> list[dict]:   # read and deleted (else SQS shows them again after 30 s)
+        messages = sqs.receive_message(QueueUrl=queue_url, MaxNumberOfMessages=10,
+                                       WaitTimeSeconds=1).get("Messages", [])
+        for message in messages:
+            sqs.delete_message(QueueUrl=queue_url, ReceiptHandle=message["ReceiptHandle"])
+        return [json.loads(m["Body"]) for m in messages]
+
+    warning = (f"warning: EFS {file_system} is mounted with plain NFS 4.1, without encryption in "
+               "transit: this AMI has no amazon-efs-utils (mount.efs)")
+    for name in ("worker", "replacement"):
+        log = boot(name)
+        assert warning in log
+        fstab = (tmp_path / name / "etc" / "fstab").read_text()
+        assert f"{file_system}.efs.us-east-1.amazonaws.com:/ {efs} nfs4 " in fstab
+    (alert,) = alerts()   # the replacement, on the same AMI, did not repeat it
+    assert alert["Subject"] == f"{CLUSTER}: EFS mounted without TLS (no amazon-efs-utils on the AMI)"
+    assert f"mount EFS {file_system} with plain NFS 4.1" in alert["Message"]
+    assert f"Their AMI ({ami}) has no amazon-efs-utils" in alert["Message"]
+    assert f"first node: {instance_id} (worker, {ip})" in alert["Message"]
+    assert "pin ami_id to an AMI with amazon-efs-utils" in alert["Message"]
+
+    # An AMI with amazon-efs-utils: the mount helper mounts with TLS, and nothing is reported.
+    (stubs / "mount.efs").write_text("#!/bin/bash\nexit 0\n")
+    (stubs / "mount.efs").chmod(0o755)
+    log = boot("with-efs-utils")
+    assert "without encryption in transit" not in log
+    assert f"{file_system}:/ {efs} efs _netdev,tls 0 0" in (
+        tmp_path / "with-efs-utils" / "etc" / "fstab").read_text().splitlines()
+    assert alerts() == []

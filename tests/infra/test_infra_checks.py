@@ -1,5 +1,7 @@
 """Static checks on what synth produces: cdk-nag's AWS Solutions pack (zero unacknowledged
-findings), cfn-lint (zero errors and warnings) and shellcheck on the boot scripts."""
+findings), cdk-preflight in enforce mode and CDK's default validation rules as errors (on the
+default deployment and its variants), cfn-lint (zero errors and warnings) and shellcheck on the
+boot scripts."""
 from __future__ import annotations
 
 import json
@@ -13,7 +15,9 @@ from cfnlint.api import ManualArgs, lint
 from infra import outputs
 from infra.userdata import USERDATA_DIR
 
-from cdk_synth import REPO_ROOT, cdk_json_context, load_app_module
+from cdk_synth import REPO_ROOT, VARIANT_CONTEXT, cdk_json_context, load_app_module, synthesize
+from test_infra_capacity import G5_RESERVATION_GROUP, P5_CAPACITY_BLOCK
+from test_infra_spot import SPOT
 
 STACKS = (outputs.NETWORK_STORAGE_STACK, outputs.EFS_CLUSTER_STACK, outputs.SAGEMAKER_STACK)
 
@@ -45,6 +49,73 @@ def test_cdk_nag_runs_on_every_synth_and_fails_it(tmp_path):
     assert {"AwsSolutions-S1", "AwsSolutions-S10"} <= rules
     paths = {c["constructPath"] for v in report["violations"] for c in v["violatingConstructs"]}
     assert paths == {"NetworkStorageStack/UnencryptedUnloggedBucket"}
+
+
+def test_cdk_preflight_runs_on_every_synth_in_enforce_mode(tmp_path):
+    """The app registers cdk-preflight itself, enforcing: a template that would fail at deploy
+    (an EventBridge input template with a placeholder it does not declare: PutTargets refuses
+    it) fails synth."""
+    import aws_cdk as cdk
+    from aws_cdk import aws_events as events
+
+    app = cdk.App(context={**cdk_json_context(), "settings_file": str(tmp_path / "none.json")},
+                  outdir=str(tmp_path))
+    stacks = load_app_module().build(app)
+    events.CfnRule(stacks.sagemaker, "RuleWithAnUndeclaredPlaceholder",
+                   event_pattern={"source": ["aws.sagemaker"]},
+                   targets=[events.CfnRule.TargetProperty(
+                       id="Target0", arn="arn:aws:sns:us-east-1:123456789012:topic",
+                       input_transformer=events.CfnRule.InputTransformerProperty(
+                           input_paths_map={"name": "$.detail.TrainingJobName"},
+                           input_template='"Job <name> ended: maskrcnn sagemaker describe <job>"'))])
+    with pytest.raises(Exception, match="ValidationFailed"):
+        app.synth()
+    (report,) = failing_reports(tmp_path)
+    assert report["pluginName"] == "cdk-preflight"
+    (violation,) = report["violations"]
+    assert violation["ruleName"] == "pf-events-input-transformer-placeholders"
+    assert "<job>" in violation["description"]
+    (construct,) = violation["violatingConstructs"]
+    assert construct["constructPath"] == "SageMakerStack/RuleWithAnUndeclaredPlaceholder"
+
+
+def test_cdk_default_validation_rules_fail_synth():
+    """cdk.json turns CDK's default CloudFormation validation rules into errors ("When this flag is
+    explicitly set to `true`, violations are treated as errors and will fail synthesis",
+    aws-cdk-lib FEATURE_FLAGS.md); the tests synthesize with cdk.json's context."""
+    from infra.checks import DEFAULT_RULES_AS_ERRORS
+
+    context = json.loads((REPO_ROOT / "cdk.json").read_text())["context"]
+    assert context[DEFAULT_RULES_AS_ERRORS] is True
+    assert cdk_json_context()[DEFAULT_RULES_AS_ERRORS] is True
+
+
+# The deployments whose templates must pass every check: each is synthesized once here (default
+# and VARIANT_CONTEXT by the session fixtures), under cdk-nag, cdk-preflight in enforce mode and
+# CDK's default rules as errors.
+VARIANTS = {
+    # p4d.24xlarge with EFA on its 4 cards, FSx for Lustre, a name prefix, an alerts email ...
+    "p4d-efa-fsx-prefix": VARIANT_CONTEXT,
+    # p5.48xlarge with EFA on its 32 cards in a Capacity Block.
+    "p5-efa-capacity-block": P5_CAPACITY_BLOCK,
+    # Any open reservation of a resource group (g5.48xlarge, EFA).
+    "capacity-reservation-group": G5_RESERVATION_GROUP,
+    "spot-workers": SPOT,
+    "budget": {"monthly_budget_usd": "500"},
+}
+
+
+@pytest.mark.parametrize("variant", ["default", *VARIANTS])
+def test_the_default_deployment_and_its_variants_pass_every_synth_check(
+        request, tmp_path, variant):
+    if variant == "default":
+        synth = request.getfixturevalue("default_synth")
+    elif variant == "p4d-efa-fsx-prefix":
+        synth = request.getfixturevalue("variant_synth")
+    else:
+        synth = synthesize(tmp_path, VARIANTS[variant])   # raises on any finding
+    assert failing_reports(synth.outdir) == []
+    assert set(synth.templates) == set(STACKS)
 
 
 @pytest.mark.parametrize("synth_fixture", ["default_synth", "variant_synth"])

@@ -374,3 +374,79 @@ def test_training_job_rule_matches_the_stacks_finished_jobs(aws_env, default_syn
     events = [job(s, ours) for s in ("InProgress", "Completed", "Failed", "Stopping", "Stopped")] + [
         job("Failed", "arn:aws:iam::123456789012:role/someone-else")]
     assert [d["TrainingJobStatus"] for d in _delivered(pattern, events)] == ["Completed", "Failed", "Stopped"]
+
+
+# --- EventBridge input templates and failed deliveries ----------------------------------------------
+
+# EventBridge user guide, "Amazon EventBridge input transformation": "you can use those variables in
+# the Input Template as <variable-name>" (the characters < and > cannot be escaped), and the
+# predefined variables, reserved: aws.events.rule-arn, aws.events.rule-name, aws.events.event,
+# aws.events.event.ingestion-time, aws.events.event.json. Any other <name> fails PutTargets
+# ("contains invalid placeholder"), and with it the rule's stack.
+RESERVED_PLACEHOLDERS = {"aws.events.rule-arn", "aws.events.rule-name", "aws.events.event",
+                         "aws.events.event.ingestion-time", "aws.events.event.json"}
+PLACEHOLDER = re.compile(r"<([^<>]*)>")
+
+
+def _text(value) -> str:
+    """A template value as text; CloudFormation functions inside it (none is expected) as {...}."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict) and "Fn::Join" in value:
+        separator, parts = value["Fn::Join"]
+        return separator.join(_text(p) for p in parts)
+    return "{" + json.dumps(value).replace("<", "(").replace(">", ")") + "}"
+
+
+def _input_transformers(synth) -> list[tuple[str, str, dict]]:
+    found = []
+    for stack, template in synth.templates.items():
+        for logical_id, resource in template["Resources"].items():
+            if resource["Type"] == "AWS::Events::Rule":
+                found += [(stack, logical_id, t["InputTransformer"])
+                          for t in resource["Properties"].get("Targets", []) if "InputTransformer" in t]
+    return found
+
+
+@pytest.mark.parametrize("synth_fixture", ["default_synth", "variant_synth"])
+def test_every_input_template_uses_only_its_variables_and_the_reserved_ones(request, synth_fixture):
+    synth = request.getfixturevalue(synth_fixture)
+    transformers = _input_transformers(synth)
+    assert {stack for stack, _, _ in transformers} == {CLUSTER, SAGEMAKER}
+    for stack, rule, transformer in transformers:
+        declared = set(transformer.get("InputPathsMap", {}))
+        assert not declared & RESERVED_PLACEHOLDERS
+        used = set(PLACEHOLDER.findall(_text(transformer["InputTemplate"])))
+        assert used, (stack, rule)   # every alert names what it is about
+        assert used <= declared | RESERVED_PLACEHOLDERS, (stack, rule, sorted(used - declared))
+
+
+def test_the_training_job_alert_names_the_job_in_the_command_it_suggests(default_synth):
+    (transformer,) = [t for stack, _, t in _input_transformers(default_synth) if stack == SAGEMAKER]
+    template = _text(transformer["InputTemplate"])
+    (variable,) = [k for k, path in transformer["InputPathsMap"].items() if path == "$.detail.TrainingJobName"]
+    assert f"`maskrcnn sagemaker describe <{variable}>`" in template
+    assert "--run-name RUN --resume" in template
+
+
+@pytest.mark.parametrize("stack", [CLUSTER, SAGEMAKER])
+def test_every_alert_rule_has_an_alarm_on_its_failed_deliveries(default_synth, stack):
+    """EventBridge reports a target it could not invoke as FailedInvocations (namespace AWS/Events,
+    dimension RuleName: EventBridge user guide, "Monitoring Amazon EventBridge"); the alarm tells
+    the alerts topic at the first one."""
+    rules = default_synth.resources(stack, "AWS::Events::Rule")
+    assert rules
+    watched = {}
+    for alarm in _alarms(default_synth, stack).values():
+        if alarm.get("Namespace") == "AWS/Events":
+            (dimension,) = alarm["Dimensions"]
+            assert dimension["Name"] == "RuleName"
+            watched[dimension["Value"]["Ref"]] = alarm
+    assert set(watched) == set(rules)
+    topic = _topic_import(default_synth)
+    for alarm in watched.values():
+        assert (alarm["MetricName"], alarm["Statistic"], alarm["Threshold"], alarm["EvaluationPeriods"],
+                alarm["ComparisonOperator"]) == (
+            "FailedInvocations", "Sum", 1, 1, "GreaterThanOrEqualToThreshold")
+        assert alarm["TreatMissingData"] == "notBreaching"   # no event, nothing failed
+        assert alarm["AlarmActions"] == [topic]

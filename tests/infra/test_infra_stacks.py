@@ -4,6 +4,7 @@ encryption, IMDSv2, security-group rules, retain policies, placement group, laun
 from __future__ import annotations
 
 import base64
+import fnmatch
 import json
 import re
 
@@ -398,8 +399,52 @@ def test_no_full_access_managed_policies_and_no_bucket_wildcards(default_synth, 
                 assert statement["Effect"] == "Allow"
                 assert not any(a == "*" or a.endswith(":*") for a in actions(statement)), statement
             for role in synth.resources(stack, "AWS::IAM::Role").values():
-                for arn in role["Properties"].get("ManagedPolicyArns", []):
-                    assert json.dumps(arn).endswith('policy/AmazonSSMManagedInstanceCore"]]}'), arn
+                # Every permission is in the template, where these tests can read it.
+                assert "ManagedPolicyArns" not in role["Properties"], role
+
+
+# Systems Manager user guide, "Step 2: Verify or add instance permissions for Session Manager"
+# (custom instance policy with minimal Session Manager permissions): ssm:UpdateInstanceInformation
+# and the ssmmessages channel actions, on "*".
+SESSION_MANAGER_ACTIONS = {"ssm:UpdateInstanceInformation", "ssmmessages:CreateControlChannel",
+                           "ssmmessages:CreateDataChannel", "ssmmessages:OpenControlChannel",
+                           "ssmmessages:OpenDataChannel"}
+# Run Command (launch/smoke.py runs its checks on the master with AWS-RunShellScript): the agent's
+# ec2messages actions, as AWS's AmazonSSMManagedInstanceCore grants them.
+RUN_COMMAND_ACTIONS = {"ec2messages:AcknowledgeMessage", "ec2messages:DeleteMessage",
+                       "ec2messages:FailMessage", "ec2messages:GetEndpoint",
+                       "ec2messages:GetMessages", "ec2messages:SendReply"}
+PARAMETER_READS = ("ssm:GetParameter", "ssm:GetParameters", "ssm:GetParametersByPath",
+                   "ssm:GetParameterHistory")
+
+
+@pytest.mark.parametrize("synth_fixture", ["default_synth", "variant_synth"])
+def test_node_roles_reach_session_manager_but_read_only_their_own_parameter(request, synth_fixture):
+    """The nodes run user containers on the host network: their role must not read the account's
+    SSM parameters. Session Manager and Run Command get what AWS documents as their minimum;
+    the one parameter a node reads is its group's boot-failure count."""
+    synth = request.getfixturevalue(synth_fixture)
+    stack = synth.stack_names[CLUSTER]
+    roles = {lid: r for lid, r in synth.resources(CLUSTER, "AWS::IAM::Role").items()
+             if lid.startswith(("ClusterMasterRole", "ClusterWorkerRole"))}
+    assert len(roles) == 2
+    for logical_id, role in roles.items():
+        assert "ManagedPolicyArns" not in role["Properties"], logical_id
+        granted = [s for p in synth.resources(CLUSTER, "AWS::IAM::Policy").values()
+                   if {"Ref": logical_id} in p["Properties"]["Roles"]
+                   for s in p["Properties"]["PolicyDocument"]["Statement"]]
+        on_anything = {a for s in granted if s["Resource"] == "*" for a in actions(s)}
+        assert SESSION_MANAGER_ACTIONS | RUN_COMMAND_ACTIONS <= on_anything, logical_id
+        reads = [s for s in granted
+                 if any(fnmatch.fnmatchcase(read, a) for a in actions(s) for read in PARAMETER_READS)]
+        group = "master" if logical_id.startswith("ClusterMasterRole") else "worker"
+        assert reads, logical_id
+        for statement in reads:
+            assert statement["Resource"] != "*" and "Condition" not in statement, statement
+            arn = "".join(p if isinstance(p, str) else f"<{p['Ref']}>"
+                          for p in statement["Resource"]["Fn::Join"][1])
+            assert arn == (f"arn:<AWS::Partition>:ssm:<AWS::Region>:<AWS::AccountId>:parameter/"
+                           f"maskrcnn/{stack}/boot-failures/{group}"), statement
 
 
 def test_s3_access_is_scoped_to_the_data_bucket(default_synth):
@@ -685,6 +730,19 @@ def test_notebook_is_private_encrypted_without_internet_or_root(default_synth):
     assert props["KmsKeyId"] == {"Ref": next(iter(default_synth.resources(SAGEMAKER, "AWS::KMS::Key")))}
     assert props["InstanceType"] == default_synth.context["notebook_instance_type"]
     template.has_resource_properties("AWS::KMS::Key", {"EnableKeyRotation": True})
+
+
+def test_notebook_starts_only_once_its_role_has_its_policies(default_synth):
+    """CloudFormation orders resources by references and DependsOn only: the instance names its
+    role (RoleArn), not the role's policy, so without DependsOn its first start (the lifecycle
+    script downloads the project, mounts EFS) could run before the policy exists."""
+    (notebook,) = default_synth.resources(SAGEMAKER, "AWS::SageMaker::NotebookInstance").values()
+    role = notebook["Properties"]["RoleArn"]["Fn::GetAtt"][0]
+    policies = [lid for lid, p in default_synth.resources(SAGEMAKER, "AWS::IAM::Policy").items()
+                if {"Ref": role} in p["Properties"]["Roles"]
+                and "StopThisNotebookWhenIdle" not in json.dumps(p)]   # that one names the instance
+    assert policies
+    assert set(policies) <= set(notebook.get("DependsOn", []))
 
 
 def test_notebook_runs_amazon_linux_2023_with_imdsv2_only(default_synth):
