@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import importlib.metadata
 import sys
 
 PROG = "maskrcnn"
+DISTRIBUTION = "maskrcnn-on-aws"   # pyproject.toml's project name; its version is the one source
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,7 +70,7 @@ COMMANDS: dict[str, Command] = {
 def _usage() -> str:
     lines = [f"usage: {PROG} COMMAND [ARGS...]", "",
              "Mask R-CNN on AWS: from a dataset to trained and served models, on an EC2 cluster or SageMaker.",
-             f"`{PROG} COMMAND --help` shows a command's options.", ""]
+             f"`{PROG} COMMAND --help` shows a command's options; `{PROG} --version` the version.", ""]
     width = max(map(len, COMMANDS))
     group = None
     for name, command in COMMANDS.items():
@@ -83,6 +85,14 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(_usage())
+        return 0
+    if argv[0] == "--version":
+        try:
+            print(f"{PROG} {importlib.metadata.version(DISTRIBUTION)}")
+        except importlib.metadata.PackageNotFoundError:
+            print(f"{PROG}: error: the {DISTRIBUTION} package is not installed here "
+                  f"(python -m pip install -c constraints.txt -e .)", file=sys.stderr)
+            return 1
         return 0
     name, rest = argv[0], argv[1:]
     command = COMMANDS.get(name)
