@@ -14,6 +14,9 @@ import sys
 
 PROG = "maskrcnn"
 DISTRIBUTION = "maskrcnn-on-aws"   # pyproject.toml's project name; its version is the one source
+# What pyproject.toml's `train` extra brings (as imported): the client install has none of them.
+TRAINER_IMPORTS = frozenset({"tensorflow", "tf_keras", "tensorpack", "horovod", "cv2", "pycocotools",
+                             "mpi4py", "sagemaker_training", "flask", "gunicorn"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,7 +106,15 @@ def main(argv: list[str] | None = None) -> int:
     # argparse names the program after argv[0] where a module sets no prog of its own.
     sys.argv = [f"{PROG} {name}", *rest]
     try:
-        status = importlib.import_module(command.module).main([*command.args, *rest])
+        module = importlib.import_module(command.module)
+    except ModuleNotFoundError as missing:
+        if (missing.name or "").partition(".")[0] not in TRAINER_IMPORTS:
+            raise
+        print(f"{PROG}: error: `{PROG} {name}` runs the trainer, which this install lacks (no module "
+              f"{missing.name!r}): python -m pip install -c constraints.txt -e '.[train]'", file=sys.stderr)
+        return 2
+    try:
+        status = module.main([*command.args, *rest])
     except SystemExit as done:       # argparse's --help and usage errors end this way
         if done.code == 0 and ("-h" in rest or "--help" in rest):
             print(f"\nexample: {command.example}")
