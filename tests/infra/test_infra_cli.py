@@ -24,8 +24,7 @@ def run_cdk(*args: str, outdir) -> subprocess.CompletedProcess:
         "the CDK CLI is missing: run scripts/install.sh (make install)"
     assert shutil.which("npx"), "Node.js (npx) is needed for the CDK CLI"
     env = {k: v for k, v in os.environ.items()
-           if not k.startswith("AWS_") and k not in ("CDK_DEFAULT_ACCOUNT", "CDK_DEFAULT_REGION",
-                                                     "JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION")}
+           if not k.startswith("AWS_") and k not in ("CDK_DEFAULT_ACCOUNT", "CDK_DEFAULT_REGION")}
     env.update(AWS_CONFIG_FILE=os.devnull, AWS_SHARED_CREDENTIALS_FILE=os.devnull)
     # --no: never download a CLI; use the pinned one in node_modules.
     return subprocess.run(["npx", "--no", "cdk", "synth", "--quiet", "-o", str(outdir), *args],
