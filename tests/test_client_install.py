@@ -37,6 +37,9 @@ def _user_env() -> dict[str, str]:
     scripts = sysconfig.get_path("scripts")
     env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME")}
     env["PATH"] = os.pathsep.join(p for p in env["PATH"].split(os.pathsep) if p and p != scripts)
+    # pip's --no-compile as a setting: the README's commands stay as written, and the ~150 packages
+    # are not byte-compiled whole (Python compiles what the commands import, once).
+    env["PIP_COMPILE"] = "0"
     return env
 
 
