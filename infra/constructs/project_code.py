@@ -14,7 +14,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 # read its config), the walkthrough notebook, the docs and the pinned requirements. Everything
 # else (virtual env, node_modules, data, cdk.out, tests) stays out: a list of what to keep, so a
 # new large folder cannot slip in.
-KEEP = ("README.md", "requirements.txt", "constraints.txt", "pyproject.toml", "docs", "notebooks",
+KEEP = ("README.md", "constraints.txt", "pyproject.toml", "docs", "notebooks",
         "launch", "training", "examples", "infra/__init__.py", "infra/outputs.py",
         "infra/node_contract.py")
 _ALWAYS_EXCLUDED = ("**/__pycache__", "**/*.pyc", "**/.ipynb_checkpoints")

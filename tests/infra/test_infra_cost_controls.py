@@ -361,7 +361,7 @@ def test_a_busy_kernel_keeps_the_notebook_running_however_old_its_activity(jupyt
 @pytest.fixture
 def notebooks(aws_env, tmp_path, monkeypatch):
     """This notebook and another one, InService in moto; this one's SageMaker metadata file.
-    The AWS CLI the check calls is the project's (requirements.txt)."""
+    The AWS CLI the check calls is the project's (pyproject.toml, the dev extra)."""
     monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
     sagemaker = boto3.client("sagemaker")
     role = "arn:aws:iam::123456789012:role/NotebookRole"

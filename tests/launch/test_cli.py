@@ -2,6 +2,7 @@
 scripts/install.sh makes): every subcommand answers --help with its own usage and an example, and
 bad input ends with one clear line and a non-zero status. Each subcommand's behaviour is tested
 with its module."""
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +12,7 @@ import pytest
 from launch.cli import COMMANDS
 
 TOOL = Path(sys.executable).parent / "maskrcnn"
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def _run(*args, timeout=120):
@@ -47,3 +49,20 @@ def test_bad_input_to_a_command_is_one_error_line_before_anything_is_written(tmp
     error = result.stderr.strip().splitlines()[-1]
     assert error.startswith("maskrcnn synthetic: error:") and "blob" in error
     assert not (tmp_path / "out").exists()
+
+
+def test_version_is_the_one_pyproject_declares():
+    declared = re.search(r'^version = "([^"]+)"', (REPO_ROOT / "pyproject.toml").read_text(), re.M).group(1)
+    result = _run("--version")
+    assert result.returncode == 0 and result.stdout == f"maskrcnn {declared}\n", result
+
+
+def test_a_trainer_command_without_the_trainer_names_the_install_it_needs():
+    """As in the client install (no TensorFlow): one line naming the missing module and the extra."""
+    code = ("import sys; sys.modules['tensorflow'] = None; from launch.cli import main; "
+            "sys.exit(main(['train', '--help']))")
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 2 and result.stdout == "", result
+    assert result.stderr == ("maskrcnn: error: `maskrcnn train` runs the trainer, which this install lacks "
+                             "(no module 'tensorflow'): python -m pip install -c constraints.txt -e '.[train]'\n")
