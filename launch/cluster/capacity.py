@@ -32,8 +32,8 @@ from launch import deployment
 from launch.aws import LaunchError, make_session, require_output, stack_outputs
 
 ROLES = ("master", "worker")
-# How long `resume --wait` waits by default: the stack's creation policy allows a node's boot
-# 45 minutes (infra/constructs/cluster.py BOOT_TIMEOUT); being InService takes a few of those.
+# How long `resume --wait` waits by default: a cold boot, an image pull of several GB and the
+# master waiting for its workers fit in it; being InService takes a few of those minutes.
 WAIT_TIMEOUT_S = 45 * 60
 POLL_S = 15.0
 # Bounded calls: the master's idle check holds the run lock while it makes them, and a run
