@@ -324,15 +324,17 @@ class GpuCluster(Construct):
                 f"<AWS::AccountId>:autoScalingGroup:*:autoScalingGroupName/{group_name}]")
 
     def _allow_scaling_workers(self, role: iam.Role) -> None:
-        """The master scales the worker group: to 0 when idle, back to its MaxSize for a run."""
+        """The master scales the worker group back to its MaxSize for a run, and its idle check
+        pauses the cluster: both groups to 0 (launch/cluster/idle.py)."""
         role.add_to_policy(iam.PolicyStatement(
-            sid="ScaleWorkerGroup", actions=["autoscaling:SetDesiredCapacity"],
-            resources=[self._group_arn(self.worker_group_name)]))
+            sid="ScaleClusterGroups", actions=["autoscaling:SetDesiredCapacity"],
+            resources=[self._group_arn(self.worker_group_name),
+                       self._group_arn(self.master_group_name)]))
         acknowledge(
             role, self._group_arn_finding(self.worker_group_name),
             "Only the worker group, by name (the UUID in a group's ARN is assigned when the group "
-            "is created): the master's idle check scales it to zero and a training run scales it "
-            "back to its MaxSize.")
+            "is created): a training run scales it back to its MaxSize and the idle check to zero.")
+        # The master group's ARN is acknowledged with ReportOwnBootFailure (same resource).
 
     def _allow_address_association(self, role: iam.Role, address: ec2.CfnEIP) -> None:
         stack = Stack.of(self)
