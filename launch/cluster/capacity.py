@@ -7,10 +7,12 @@
 
 ``pause`` sets the desired capacity of the master and the worker group to 0: every node
 terminates, and nothing else changes (EFS with the datasets, checkpoints and logs, the bucket, the
-training image, the munge key and the deployment's settings all stay). ``resume`` sets each group
-back to its MaxSize, which the stack's template sets to the configured size (1 master,
-``worker_count`` workers): the sizes come from the deployment, not from this command. A redeploy
-that leaves the group sizes unchanged keeps a paused cluster paused (infra/constructs/cluster.py).
+training image, the munge key and the deployment's settings all stay). It refuses while a run trains
+(its ranks would get seconds, not a checkpoint) and names the run and its graceful stop; ``--force``
+pauses anyway. ``resume`` sets each group to its MaxSize, which the stack's template sets to the
+configured size (1 master, ``worker_count`` workers): the sizes come from the deployment, not from
+this command. The stack creates both groups at 0 nodes and a redeploy never changes a group's
+running size (infra/constructs/cluster.py), so ``resume`` also starts a new deployment's nodes.
 
 The group names are read from the cluster stack's outputs. The stack is ``<name_prefix>-
 EfsClusterStack`` when the deployment has a name prefix: ``--name-prefix``, else this node's or this
