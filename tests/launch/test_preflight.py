@@ -523,3 +523,16 @@ def test_a_file_system_the_stack_created_is_kept_and_leaving_a_reused_one_is_ref
     boto3.client("ssm").put_parameter(Name=FS_PARAMETER, Value=OLD_FS, Type="String", Overwrite=True)
     check = checks(p4d(), Replay(QUOTAS))["file-system"]            # reused OLD_FS, back to a new one
     assert not check.ok and f"switches from {OLD_FS} to a new file system" in check.message
+
+
+def test_a_running_notebook_blocks_the_switch_too(aws_env):
+    from aws_fakes import deploy_stack
+    from infra import outputs
+    deployed_file_system(OLD_FS, nodes=False)
+    session = boto3.session.Session()
+    role = boto3.client("iam").create_role(RoleName="nb", AssumeRolePolicyDocument="{}")["Role"]["Arn"]
+    boto3.client("sagemaker").create_notebook_instance(
+        NotebookInstanceName="team-notebook", InstanceType="ml.t3.medium", RoleArn=role)
+    deploy_stack(session, values={outputs.NOTEBOOK_NAME: "team-notebook"})
+    check = checks(p4d(existing_file_system_id=NEW_FS), Replay(QUOTAS), session)["file-system"]
+    assert not check.ok and "the notebook team-notebook (InService)" in check.message, check
