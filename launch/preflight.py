@@ -13,6 +13,9 @@ It reads the deployment's settings as the next `cdk deploy` would (infra/setting
   capacity-reservation  the reservation (or one in the resource group) exists, is active, and fits
                         the instance type, the zone and the node count
   stacks                no stack of the deployment is in a state CloudFormation cannot deploy over
+  file-system           a deploy that switches the shared file system (existing_file_system_id)
+                        deletes the old one's mount targets, which breaks the NFS mounts of
+                        whatever uses them: refused while a cluster node or the notebook runs
 
 Each check reports one line; a check AWS refuses to answer (AccessDenied) fails and names the
 permission it needs. Exit status: 0 all passed, 1 a check failed, 2 bad settings, credentials or
@@ -42,7 +45,8 @@ STACK_IDS = (outputs.NETWORK_STORAGE_STACK, outputs.EFS_CLUSTER_STACK, outputs.S
 
 # The prefix of each service's IAM actions, to name the permission a refused call needs.
 IAM_PREFIX = {"ec2": "ec2", "service-quotas": "servicequotas", "resource-groups": "resource-groups",
-              "cloudformation": "cloudformation"}
+              "cloudformation": "cloudformation", "ssm": "ssm", "autoscaling": "autoscaling",
+              "sagemaker": "sagemaker"}
 ACCESS_DENIED = {"AccessDenied", "AccessDeniedException", "UnauthorizedOperation", "UnauthorizedAccess",
                  "ForbiddenException"}
 
@@ -412,11 +416,72 @@ class Preflight:
         return CheckResult("stacks", True, ("exist, the deploy updates them: " + ", ".join(found)) if found
                            else f"none of {', '.join(self.config.stack_name(s) for s in STACK_IDS)} exists yet")
 
+    def deployed_file_system(self) -> str | None:
+        """The file system id the deployed shared stack gives the training stacks (its SSM
+        parameter, infra/constructs/file_system.py); None before the first deploy."""
+        name = f"/maskrcnn/{self.config.stack_name(outputs.NETWORK_STORAGE_STACK)}/file-system-id"
+        try:
+            return self.client("ssm").get_parameter(Name=name)["Parameter"]["Value"]
+        except ClientError as err:
+            if err.response["Error"]["Code"] == "ParameterNotFound":
+                return None
+            raise
+
+    def created_file_systems(self) -> set[str]:
+        """The file systems the deployed shared stack created itself (not existing_file_system_id)."""
+        paginator = self.client("cloudformation").get_paginator("list_stack_resources")
+        return {r["PhysicalResourceId"]
+                for page in paginator.paginate(StackName=self.config.stack_name(outputs.NETWORK_STORAGE_STACK))
+                for r in page["StackResourceSummaries"] if r["ResourceType"] == "AWS::EFS::FileSystem"}
+
+    def file_system_users(self) -> list[str]:
+        """What mounts the deployed file system now: cluster nodes and a running notebook."""
+        cluster = self.config.stack_name(outputs.EFS_CLUSTER_STACK)
+        names = [f"{cluster}-master", f"{cluster}-worker"]   # the groups' fixed names (infra/constructs/cluster.py)
+        users = [f"{len(g['Instances'])} instance(s) of {g['AutoScalingGroupName']}"
+                 for g in self.client("autoscaling").describe_auto_scaling_groups(
+                     AutoScalingGroupNames=names)["AutoScalingGroups"] if g["Instances"]]
+        sagemaker = self.config.stack_name(outputs.SAGEMAKER_STACK)
+        try:
+            (stack,) = self.client("cloudformation").describe_stacks(StackName=sagemaker)["Stacks"]
+        except ClientError as err:
+            if "does not exist" in str(err):
+                return users
+            raise
+        notebook = next((o["OutputValue"] for o in stack.get("Outputs", [])
+                         if o["OutputKey"] == outputs.NOTEBOOK_NAME), None)
+        if notebook:
+            status = self.client("sagemaker").describe_notebook_instance(
+                NotebookInstanceName=notebook)["NotebookInstanceStatus"]
+            if status in ("Pending", "InService", "Updating"):
+                users.append(f"the notebook {notebook} ({status})")
+        return users
+
+    def check_file_system(self) -> CheckResult:
+        deployed = self.deployed_file_system()
+        wanted = self.config.existing_file_system_id
+        if deployed is None:
+            return CheckResult("file-system", True, "no shared file system is deployed yet")
+        if wanted == deployed or (wanted is None and deployed in self.created_file_systems()):
+            return CheckResult("file-system", True, f"the deploy keeps {deployed}")
+        target = wanted or "a new file system"
+        users = self.file_system_users()
+        if not users:
+            return CheckResult("file-system", True,
+                               f"the deploy switches from {deployed} to {target}; nothing mounts {deployed} now")
+        return CheckResult("file-system", False, (
+            f"the deploy switches from {deployed} to {target} and deletes {deployed}'s mount targets in "
+            f"this VPC, which forcibly breaks the NFS mounts of {', '.join(users)} (writes not yet "
+            f"committed are lost). Stop the run gracefully (`sudo maskrcnn job stop RUN` on the master), "
+            f"`maskrcnn cluster pause`, stop the notebook, then deploy; `maskrcnn cluster resume` "
+            f"afterwards mounts {target}"))
+
     def run(self) -> list[CheckResult]:
         checks: list[tuple[str, Callable[[], CheckResult]]] = [
             ("zone", self.check_zone), ("vcpu-quota", self.check_vcpu_quota),
             ("elastic-ip-quota", self.check_elastic_ip_quota),
-            ("capacity-reservation", self.check_capacity_reservation), ("stacks", self.check_stacks)]
+            ("capacity-reservation", self.check_capacity_reservation), ("stacks", self.check_stacks),
+            ("file-system", self.check_file_system)]
         return [_guarded(name, check) for name, check in checks]
 
 
@@ -465,7 +530,9 @@ def _service_of(err: ClientError) -> str:
     """The service of a failed call, from the operation (ClientError carries only its name)."""
     return {"GetServiceQuota": "service-quotas", "GetAWSDefaultServiceQuota": "service-quotas",
             "ListGroupResources": "resource-groups",
-            "DescribeStacks": "cloudformation"}.get(err.operation_name, "ec2")
+            "DescribeStacks": "cloudformation", "ListStackResources": "cloudformation",
+            "GetParameter": "ssm", "DescribeAutoScalingGroups": "autoscaling",
+            "DescribeNotebookInstance": "sagemaker"}.get(err.operation_name, "ec2")
 
 
 def run_checks(config: AppConfig, session: boto3.session.Session,

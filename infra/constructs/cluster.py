@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from aws_cdk import Annotations, ArnFormat, Aws, Duration, Stack, Tags
+from aws_cdk import ArnFormat, Aws, Stack, Tags
 from aws_cdk import aws_autoscaling as autoscaling
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_iam as iam
@@ -34,8 +34,6 @@ from infra.userdata import CLUSTER_NODE_BOOTSTRAP, CLUSTER_NODE_SCRIPT, script_b
 # Ubuntu-based Deep Learning AMIs boot from /dev/sda1 (an AL2 image would use /dev/xvda).
 ROOT_DEVICE = "/dev/sda1"
 LOGIN_USER = "ubuntu"
-# Covers a cold boot, an image pull of several GB and the master waiting for its workers.
-BOOT_TIMEOUT = Duration.minutes(45)
 # What the SSM agent on a node needs for Session Manager and Run Command, by statement id.
 # Session Manager: AWS's minimal instance policy ("Step 2: Verify or add instance permissions for
 # Session Manager"): ssm:UpdateInstanceInformation and the four ssmmessages channel actions.
@@ -349,15 +347,17 @@ class GpuCluster(Construct):
                 f"<AWS::AccountId>:autoScalingGroup:*:autoScalingGroupName/{group_name}]")
 
     def _allow_scaling_workers(self, role: iam.Role) -> None:
-        """The master scales the worker group: to 0 when idle, back to its MaxSize for a run."""
+        """The master scales the worker group back to its MaxSize for a run, and its idle check
+        pauses the cluster: both groups to 0 (launch/cluster/idle.py)."""
         role.add_to_policy(iam.PolicyStatement(
-            sid="ScaleWorkerGroup", actions=["autoscaling:SetDesiredCapacity"],
-            resources=[self._group_arn(self.worker_group_name)]))
+            sid="ScaleClusterGroups", actions=["autoscaling:SetDesiredCapacity"],
+            resources=[self._group_arn(self.worker_group_name),
+                       self._group_arn(self.master_group_name)]))
         acknowledge(
             role, self._group_arn_finding(self.worker_group_name),
             "Only the worker group, by name (the UUID in a group's ARN is assigned when the group "
-            "is created): the master's idle check scales it to zero and a training run scales it "
-            "back to its MaxSize.")
+            "is created): a training run scales it back to its MaxSize and the idle check to zero.")
+        # The master group's ARN is acknowledged with ReportOwnBootFailure (same resource).
 
     def _allow_address_association(self, role: iam.Role, address: ec2.CfnEIP) -> None:
         stack = Stack.of(self)
@@ -490,19 +490,16 @@ class GpuCluster(Construct):
             vpc=vpc,
             vpc_subnets=ec2.SubnetSelection(subnets=[subnet]),
             launch_template=template,
-            # MinSize 0 lets pause and the idle scale-down take a group to zero nodes; MaxSize is
-            # the configured size, which resume and a training run scale back to, and
-            # DesiredCapacity starts the group at that size (and is what the creation policy's
-            # wait_for_all counts).
-            min_capacity=0, max_capacity=size, desired_capacity=size,
-            # CloudFormation changes a group's MinSize, MaxSize and DesiredCapacity on a stack
-            # update only when the template's values change: a redeploy with unchanged sizes
-            # (a new image, another setting) leaves a paused or scaled-down group as it is,
-            # while a changed worker_count applies. Named here because pause and resume rely on it.
-            ignore_unmodified_size_properties=True,
+            # No DesiredCapacity: CloudFormation sets a group's size properties to the template's
+            # values whenever it updates the group (a new image tag alone gives a new launch
+            # template version), and the update policy that could stop it,
+            # IgnoreUnmodifiedGroupSizeProperties, applies only to groups with a scheduled action.
+            # So the template holds only what pause, resume and the idle check never change:
+            # MinSize 0 and MaxSize, the configured size. The group starts at MinSize (0 nodes);
+            # `maskrcnn cluster resume` sets it to MaxSize, and a redeploy leaves the running size
+            # as it is (docs/infra.md, "Pause, resume and idle scale-down").
+            min_capacity=0, max_capacity=size,
             auto_scaling_group_name=group_name,
-            # `cdk deploy` completes only when every node's boot script has succeeded.
-            signals=autoscaling.Signals.wait_for_all(timeout=BOOT_TIMEOUT) if size else None,
             # A replacement node that fails its boot marks itself unhealthy; the group then
             # terminates and relaunches it. Errors in doing so reach the user by SNS.
             notifications=[autoscaling.NotificationConfiguration(
@@ -512,13 +509,9 @@ class GpuCluster(Construct):
         acknowledge(
             group, "AwsSolutions-AS3",
             "Launch and terminate errors are notified (the SNS topic); successful launches "
-            "and terminations are the user's own deploys, destroys, pauses and resumes, the "
+            "and terminations are the user's own resumes, pauses and destroys, the "
             "master's idle scale-down and a run's scale-up, visible in the group's activity "
             "history.")
-        Annotations.of(group).acknowledge_warning(
-            "@aws-cdk/aws-autoscaling:desiredCapacitySet",
-            "DesiredCapacity is the configured size at creation; IgnoreUnmodifiedGroupSizeProperties "
-            "keeps a deploy with unchanged sizes from resetting a paused or scaled-down group.")
 
         # The logical id is known only once the group exists; the user data is rendered at synth.
         env = {**env, "ASG_LOGICAL_ID": Stack.of(self).get_logical_id(group.node.default_child),

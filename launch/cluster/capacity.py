@@ -7,10 +7,12 @@
 
 ``pause`` sets the desired capacity of the master and the worker group to 0: every node
 terminates, and nothing else changes (EFS with the datasets, checkpoints and logs, the bucket, the
-training image, the munge key and the deployment's settings all stay). ``resume`` sets each group
-back to its MaxSize, which the stack's template sets to the configured size (1 master,
-``worker_count`` workers): the sizes come from the deployment, not from this command. A redeploy
-that leaves the group sizes unchanged keeps a paused cluster paused (infra/constructs/cluster.py).
+training image, the munge key and the deployment's settings all stay). It refuses while a run trains
+(its ranks would get seconds, not a checkpoint) and names the run and its graceful stop; ``--force``
+pauses anyway. ``resume`` sets each group to its MaxSize, which the stack's template sets to the
+configured size (1 master, ``worker_count`` workers): the sizes come from the deployment, not from
+this command. The stack creates both groups at 0 nodes and a redeploy never changes a group's
+running size (infra/constructs/cluster.py), so ``resume`` also starts a new deployment's nodes.
 
 The group names are read from the cluster stack's outputs. The stack is ``<name_prefix>-
 EfsClusterStack`` when the deployment has a name prefix: ``--name-prefix``, else this node's or this
@@ -23,17 +25,24 @@ import json
 import sys
 import time
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
 
 import boto3
+import botocore.exceptions
 from botocore.config import Config
 
 from infra import outputs
 from launch import deployment
 from launch.aws import LaunchError, make_session, require_output, stack_outputs
+from training import metrics as m   # names only: no TensorFlow
 
 ROLES = ("master", "worker")
-# How long `resume --wait` waits by default: the stack's creation policy allows a node's boot
-# 45 minutes (infra/constructs/cluster.py BOOT_TIMEOUT); being InService takes a few of those.
+# A run counts as training when its latest run_active record (rank 0 writes one about every minute
+# while steps advance, and 0 in its last) within this window is 1: an evaluation writes nothing
+# for a while, so the window is longer than one.
+RUN_ACTIVE_WINDOW_S = 30 * 60
+# How long `resume --wait` waits by default: a cold boot, an image pull of several GB and the
+# master waiting for its workers fit in it; being InService takes a few of those minutes.
 WAIT_TIMEOUT_S = 45 * 60
 POLL_S = 15.0
 # Bounded calls: the master's idle check holds the run lock while it makes them, and a run
@@ -124,6 +133,44 @@ def pause(session: boto3.session.Session, groups: list[GroupState]) -> list[tupl
             set_desired(session, group, 0)
             changed.append((group, 0))
     return changed
+
+
+def active_runs(session: boto3.session.Session, stack_name: str, *,
+                now: datetime | None = None) -> list[str]:
+    """The runs of this deployment that are training: those whose latest run_active record in
+    the last RUN_ACTIVE_WINDOW_S is 1 (CloudWatch, namespace training.metrics.NAMESPACE)."""
+    now = now or datetime.now(timezone.utc)
+    cloudwatch = session.client("cloudwatch", config=CLIENT_CONFIG)
+    runs = []
+    try:
+        for page in cloudwatch.get_paginator("list_metrics").paginate(
+                Namespace=m.NAMESPACE, MetricName=m.RUN_ACTIVE,
+                Dimensions=[{"Name": m.DEPLOYMENT_DIMENSION, "Value": stack_name}]):
+            for metric in page["Metrics"]:
+                dims = {d["Name"]: d["Value"] for d in metric["Dimensions"]}
+                if m.RUN_DIMENSION not in dims or dims.get(m.DEPLOYMENT_DIMENSION) != stack_name:
+                    continue
+                points = cloudwatch.get_metric_statistics(
+                    Namespace=m.NAMESPACE, MetricName=m.RUN_ACTIVE, Dimensions=metric["Dimensions"],
+                    StartTime=now - timedelta(seconds=RUN_ACTIVE_WINDOW_S),
+                    EndTime=now + timedelta(seconds=60),   # the current minute included
+                    Period=60, Statistics=["Minimum"])["Datapoints"]
+                if points and max(points, key=lambda p: p["Timestamp"])["Minimum"] >= 1:
+                    runs.append(dims[m.RUN_DIMENSION])
+    except botocore.exceptions.ClientError as err:
+        raise LaunchError(f"could not read the runs' records from CloudWatch ({err}): a running job "
+                          f"would lose its steps since its last checkpoint; pass --force to pause anyway")
+    return sorted(set(runs))
+
+
+def refuse_pausing_runs(runs: list[str]) -> None:
+    if runs:
+        named = ", ".join(runs)
+        raise LaunchError(
+            f"run {named} is training: pausing now terminates its ranks within seconds, and it would "
+            f"resume from its last periodic checkpoint. Stop it gracefully first, on the master "
+            f"(the ConnectCommand output): `sudo maskrcnn job stop {runs[0]}` saves a checkpoint "
+            f"and ends the job; then pause. `pause --force` pauses anyway")
 
 
 def resume(session: boto3.session.Session, groups: list[GroupState]) -> list[tuple[GroupState, int]]:
@@ -223,7 +270,10 @@ def main(argv: list[str] | None = None, *, clock=time.monotonic, sleep=time.slee
     sub = p.add_subparsers(dest="command", required=True)
     status = sub.add_parser("status", parents=[common], help="each group's desired and InService counts")
     status.add_argument("--json", action="store_true", help="machine-readable output")
-    sub.add_parser("pause", parents=[common], help="every node terminates; data and settings stay")
+    pause_cmd = sub.add_parser("pause", parents=[common],
+                               help="every node terminates; data and settings stay (refused while a run trains)")
+    pause_cmd.add_argument("--force", action="store_true",
+                           help="pause even while a run trains: it resumes from its last periodic checkpoint")
     resume_cmd = sub.add_parser("resume", parents=[common], help="each group back to its configured size")
     resume_cmd.add_argument("--wait", action="store_true",
                             help="wait until every instance is InService (its boot and image pull "
@@ -241,6 +291,9 @@ def main(argv: list[str] | None = None, *, clock=time.monotonic, sleep=time.slee
                   else status_text(stack_name, groups))
             return 0
         if a.command == "pause":
+            if any(g.instances for g in groups):
+                runs = [] if a.force else active_runs(session, stack_name)
+                refuse_pausing_runs(runs)
             changed = pause(session, groups)
             for g, new in changed:
                 print(f"{g.role} group {g.name}: desired {g.desired} -> {new}")

@@ -1,4 +1,4 @@
-"""Scale the worker group to zero after IDLE_SCALEDOWN_MINUTES without a running training job.
+"""Pause the cluster (workers, then the master) after IDLE_SCALEDOWN_MINUTES without a training job.
 
 On the master, the systemd timer maskrcnn-idle.timer (infra/userdata/cluster_node.sh) runs this
 every minute in the training container:
@@ -18,8 +18,10 @@ in that moment is either seen by the check or scales the workers back up after i
 The idle time is kept in <EFS>/.maskrcnn/<stack>/idle.json, so a restarted container or a replaced
 master continues the count. It counts only over consecutive checks that saw the workers up and no
 job: after more than MAX_GAP_S without a check (the master was paused, replaced or rebooted), or once
-the workers are up again after being at 0, it starts from zero, so a resumed cluster is not scaled
-down at once. The master itself stays up; 0 minutes turns the check off.
+the workers are up again after being at 0, it starts from zero, so a resumed cluster is not paused
+at once. At the limit both groups go to 0 nodes, as `maskrcnn cluster pause` sets them: an idle
+master is a full GPU node too, and nothing would watch it. `maskrcnn cluster resume --wait` starts
+the cluster again. 0 minutes turns the check off.
 """
 from __future__ import annotations
 
@@ -157,8 +159,8 @@ def write_state(path: Path, state: dict) -> None:
 
 def check(session: boto3.session.Session, env: dict[str, str], *, now: float,
           lock_path: str | None = None, proc_root: str = "/proc", jobs=slurm_jobs) -> str:
-    """One idle check at time ``now`` (seconds since the epoch); scales the worker group to 0 when
-    it has been idle long enough. ``jobs()`` lists what keeps the cluster busy (Slurm's queue).
+    """One idle check at time ``now`` (seconds since the epoch); pauses the cluster (both groups to
+    0) when it has been idle long enough. ``jobs()`` lists what keeps the cluster busy (Slurm's queue).
     Returns what it found, for the log."""
     minutes = idle_minutes(env)
     if minutes == 0:
@@ -174,26 +176,26 @@ def check(session: boto3.session.Session, env: dict[str, str], *, now: float,
             write_state(path, {**state, "last_check": now, "idle_since": None,
                                "workers_desired": None})
             return f"busy ({busy[0]}): not idle"
-        (group,) = capacity.describe_groups(session, {"worker": worker})
-        if group.desired == 0:
-            write_state(path, {**state, "last_check": now, "idle_since": None, "workers_desired": 0})
-            return f"the worker group {worker} is at 0 nodes: nothing to scale down"
+        names = {"worker": worker, "master": env.get("MASTER_ASG_NAME", "")}
+        groups = capacity.describe_groups(session, names)
+        group = next(g for g in groups if g.role == "worker")
         last_check, idle_since = state.get("last_check"), state.get("idle_since")
         if (idle_since is None or last_check is None or now - last_check > MAX_GAP_S
-                or state.get("workers_desired") == 0):
+                or (state.get("workers_desired") == 0 and group.desired > 0)):
             idle_since = now   # the count starts again (see the module's docstring)
         idle_s = now - idle_since
         if idle_s < minutes * 60:
             write_state(path, {**state, "last_check": now, "idle_since": idle_since,
                                "workers_desired": group.desired})
-            return (f"no training job for {idle_s / 60:.0f} min: the worker group scales to 0 "
-                    f"after {minutes}")
-        capacity.set_desired(session, group, 0)
+            return (f"no training job for {idle_s / 60:.0f} min: the cluster pauses after {minutes}")
+        # Workers first, then the master, which runs this check: its group terminates it.
+        changed = capacity.pause(session, groups)
         write_state(path, {**state, "last_check": now, "idle_since": None, "workers_desired": 0,
-                           "scaled_down_at": now})
-        return (f"scaled the worker group {worker} from {group.desired} to 0 nodes after "
-                f"{idle_s / 60:.0f} min without a training job; the next `maskrcnn job submit` scales it "
-                f"back up")
+                           "paused_at": now})
+        sizes = ", ".join(f"{g.role} group {g.name} from {g.desired} to {new}" for g, new in changed)
+        return (f"paused the cluster after {idle_s / 60:.0f} min without a training job: "
+                f"{sizes or 'every group was at 0 already'}; `maskrcnn cluster resume --wait` "
+                f"starts it again")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -129,8 +129,13 @@ def _node_log_group() -> str:
 
 
 def _instance(group_name: str) -> tuple[str, str]:
-    (group,) = boto3.client("autoscaling").describe_auto_scaling_groups(
-        AutoScalingGroupNames=[group_name])["AutoScalingGroups"]
+    """An instance of the group, which the deploy creates at 0 nodes: started as `maskrcnn cluster
+    resume` starts it (desired capacity to MaxSize)."""
+    asg = boto3.client("autoscaling")
+    (group,) = asg.describe_auto_scaling_groups(AutoScalingGroupNames=[group_name])["AutoScalingGroups"]
+    if not group["Instances"]:
+        asg.set_desired_capacity(AutoScalingGroupName=group_name, DesiredCapacity=group["MaxSize"])
+        (group,) = asg.describe_auto_scaling_groups(AutoScalingGroupNames=[group_name])["AutoScalingGroups"]
     instance_id = group["Instances"][0]["InstanceId"]
     (reservation,) = boto3.client("ec2").describe_instances(
         InstanceIds=[instance_id])["Reservations"]

@@ -52,9 +52,11 @@ def test_all_stacks_reach_create_complete_in_moto(request, aws_env, synth_fixtur
     groups = boto3.client("autoscaling").describe_auto_scaling_groups(
         AutoScalingGroupNames=[cluster[outputs.MASTER_ASG_NAME],
                                cluster[outputs.WORKER_ASG_NAME]])["AutoScalingGroups"]
-    sizes = {g["AutoScalingGroupName"]: g["DesiredCapacity"] for g in groups}
-    assert sizes == {cluster[outputs.MASTER_ASG_NAME]: 1,
-                     cluster[outputs.WORKER_ASG_NAME]: int(synth.context["worker_count"])}
+    # Created without DesiredCapacity: "If you do not specify a desired capacity, the default is
+    # the minimum size of the group" (0); `maskrcnn cluster resume` starts them.
+    sizes = {g["AutoScalingGroupName"]: (g["DesiredCapacity"], g["MinSize"], g["MaxSize"]) for g in groups}
+    assert sizes == {cluster[outputs.MASTER_ASG_NAME]: (0, 0, 1),
+                     cluster[outputs.WORKER_ASG_NAME]: (0, 0, int(synth.context["worker_count"]))}
 
     notebook = boto3.client("sagemaker").describe_notebook_instance(
         NotebookInstanceName=sagemaker[outputs.NOTEBOOK_NAME])

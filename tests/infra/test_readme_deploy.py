@@ -173,6 +173,10 @@ class ReadmeReplay:
             if command == "endpoint" and args[0] == "deploy":
                 self.names["ENDPOINT_NAME"] = json.loads(proc.stdout)["endpoint"]
                 assert f"maskrcnn endpoint delete {self.names['ENDPOINT_NAME']}" in proc.stderr, proc.stderr
+            if command == "cluster" and args[0] == "resume":
+                # The deploys started no node; resume sets each group to the configured size.
+                groups = boto3.client("autoscaling").describe_auto_scaling_groups()["AutoScalingGroups"]
+                assert sorted((g["DesiredCapacity"], g["MaxSize"]) for g in groups) == [(1, 1), (3, 3)], groups
             if command == "cluster" and args[0] == "pause":
                 groups = boto3.client("autoscaling").describe_auto_scaling_groups()["AutoScalingGroups"]
                 assert len(groups) == 2 and all(g["DesiredCapacity"] == 0 for g in groups), groups

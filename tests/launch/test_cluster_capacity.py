@@ -132,3 +132,45 @@ def test_waiting_gives_up_with_the_counts(monkeypatch):
         capacity.wait_in_service(None, {"worker": WORKER}, timeout_s=60, poll_s=15,
                                  clock=lambda: now[0], sleep=sleep)
     assert slept == [15, 15, 15, 15]     # checks at 0, 15, 30, 45 and 60 s of the injected clock
+
+
+def _run_record(run: str, active: float, minutes_ago: float, deployment: str = STACK) -> None:
+    """A record rank 0 writes (training/cloudwatch_metrics.py): run_active 1 while training, 0 in
+    its last record; dimensions Deployment (the stack) and Run."""
+    from datetime import datetime, timedelta, timezone
+    from training import metrics as m
+    boto3.client("cloudwatch").put_metric_data(Namespace=m.NAMESPACE, MetricData=[{
+        "MetricName": m.RUN_ACTIVE, "Value": active,
+        "Timestamp": datetime.now(timezone.utc) - timedelta(minutes=minutes_ago),
+        "Dimensions": [{"Name": m.DEPLOYMENT_DIMENSION, "Value": deployment},
+                       {"Name": m.RUN_DIMENSION, "Value": run}]}])
+
+
+def test_pause_refuses_while_a_run_trains_and_names_it(cluster, capsys):
+    _run_record("coco-24ep", 1, minutes_ago=3)
+    _run_record("coco-24ep", 1, minutes_ago=2)
+    _run_record("old-run", 0, minutes_ago=10)                     # ended with its last record
+    _run_record("other-team", 1, minutes_ago=1, deployment="team-b-EfsClusterStack")
+    assert capacity.main(["--stack", STACK, "pause"]) == 2
+    err = capsys.readouterr().err
+    assert "run coco-24ep is training" in err and "old-run" not in err and "other-team" not in err
+    assert "`sudo maskrcnn job stop coco-24ep`" in err and "--force" in err
+    assert desired(cluster) == {MASTER: 1, WORKER: 2}             # nothing was paused
+
+    # Once the job has stopped gracefully, its last record says so, and pause goes ahead.
+    _run_record("coco-24ep", 0, minutes_ago=0)
+    assert capacity.main(["--stack", STACK, "pause"]) == 0
+    assert desired(cluster) == {MASTER: 0, WORKER: 0}
+
+
+def test_pause_force_pauses_a_training_run(cluster):
+    _run_record("coco-24ep", 1, minutes_ago=1)
+    assert capacity.main(["--stack", STACK, "pause", "--force"]) == 0
+    assert desired(cluster) == {MASTER: 0, WORKER: 0}
+
+
+def test_a_run_silent_for_longer_than_the_window_does_not_block_pause(cluster):
+    # Killed without its last record over half an hour ago: nothing trains any more.
+    _run_record("crashed", 1, minutes_ago=capacity.RUN_ACTIVE_WINDOW_S / 60 + 5)
+    assert capacity.main(["--stack", STACK, "pause"]) == 0
+    assert desired(cluster) == {MASTER: 0, WORKER: 0}

@@ -15,9 +15,10 @@ from pathlib import Path
 import boto3
 import pytest
 
-from launch.cluster import idle, jobs
+from launch.cluster import capacity, idle, jobs
 
-from aws_fakes import node_groups
+from aws_fakes import deploy_stack, node_groups
+from infra import outputs
 
 MASTER, WORKER = "c-master", "c-worker"
 MINUTE = 60.0
@@ -64,17 +65,45 @@ def check_at(cluster, minute: float, **env) -> str:
     return idle.check(session, {**base, **env}, now=T0 + minute * MINUTE, proc_root=str(proc))
 
 
-def test_workers_scale_to_zero_after_30_idle_minutes_and_the_master_stays(cluster):
+def master(session) -> int:
+    (group,) = session.client("autoscaling").describe_auto_scaling_groups(
+        AutoScalingGroupNames=[MASTER])["AutoScalingGroups"]
+    return group["DesiredCapacity"]
+
+
+def test_the_whole_cluster_pauses_after_30_idle_minutes(cluster):
     session = cluster[0]
     for minute in range(30):                       # minutes 0..29: idle, but not for 30 minutes yet
-        assert "scales to 0 after 30" in check_at(cluster, minute)
-        assert workers(session) == 2
-    assert "from 2 to 0 nodes after 30 min" in check_at(cluster, 30)
-    assert workers(session) == 0
-    (master,) = session.client("autoscaling").describe_auto_scaling_groups(
-        AutoScalingGroupNames=[MASTER])["AutoScalingGroups"]
-    assert master["DesiredCapacity"] == 1
-    assert "nothing to scale down" in check_at(cluster, 31)
+        assert "pauses after 30" in check_at(cluster, minute)
+        assert (master(session), workers(session)) == (1, 2)
+    # An idle master is a full GPU node with nothing to do: it goes too, after the workers.
+    said = check_at(cluster, 30)
+    assert f"worker group {WORKER} from 2 to 0, master group {MASTER} from 1 to 0" in said, said
+    assert "`maskrcnn cluster resume --wait`" in said
+    assert (master(session), workers(session)) == (0, 0)
+
+
+def test_a_master_whose_workers_are_already_at_zero_pauses_too(cluster):
+    session = cluster[0]
+    session.client("autoscaling").set_desired_capacity(AutoScalingGroupName=WORKER, DesiredCapacity=0)
+    for minute in range(30):
+        check_at(cluster, minute)
+    assert master(session) == 1
+    assert f"master group {MASTER} from 1 to 0" in check_at(cluster, 30)
+    assert (master(session), workers(session)) == (0, 0)
+
+
+def test_cluster_resume_wait_brings_a_paused_cluster_back(cluster, capsys):
+    session = cluster[0]
+    for minute in range(31):
+        check_at(cluster, minute)
+    assert (master(session), workers(session)) == (0, 0)
+    deploy_stack(session, "c", {outputs.MASTER_ASG_NAME: MASTER, outputs.WORKER_ASG_NAME: WORKER})
+    assert capacity.main(["resume", "--wait", "--stack", "c", "--region", "us-east-1"],
+                         sleep=lambda s: None) == 0
+    assert (master(session), workers(session)) == (1, 2)
+    # The master's first check after it is back (a gap of more than 5 minutes) counts from zero.
+    assert "no training job for 0 min" in check_at(cluster, 120)
 
 
 def test_the_idle_time_survives_restarts_in_its_file_on_efs(cluster):

@@ -87,7 +87,8 @@ def test_all_checks_pass(aws_env):
     replay = Replay(QUOTAS)
     results = checks(p4d(), replay)
 
-    assert list(results) == ["zone", "vcpu-quota", "elastic-ip-quota", "capacity-reservation", "stacks"]
+    assert list(results) == ["zone", "vcpu-quota", "elastic-ip-quota", "capacity-reservation", "stacks",
+                            "file-system"]
     assert all(r.ok for r in results.values()), results
     # availability_zones unset: the VPC's first zone is the region's first available one.
     assert "offered in us-east-1a (the first zone of us-east-1" in results["zone"].message
@@ -464,14 +465,78 @@ def test_command_against_moto_with_a_settings_file(aws_env, tmp_path):
     assert failed.returncode == 1, failed.stderr
     lines = failed.stdout.splitlines()
     assert lines[0] == "pre-flight of EfsClusterStack and its stacks in us-east-1: 2 x p4d.24xlarge"
-    assert [line.split(":")[0] for line in lines[1:6]] == [
-        "FAIL  zone", "PASS  vcpu-quota", "PASS  elastic-ip-quota", "PASS  capacity-reservation", "PASS  stacks"]
+    assert [line.split(":")[0] for line in lines[1:7]] == [
+        "FAIL  zone", "PASS  vcpu-quota", "PASS  elastic-ip-quota", "PASS  capacity-reservation", "PASS  stacks",
+        "PASS  file-system"]
     assert f"maskrcnn settings --file {settings} set cluster_availability_zone=us-east-1a" in lines[1]
-    assert lines[-1] == "4 of 5 checks passed; fix the 1 failed before `cdk deploy`"
+    assert lines[-1] == "5 of 6 checks passed; fix the 1 failed before `cdk deploy`"
 
     assert passed.returncode == 0, passed.stderr
     results = json.loads(passed.stdout)
     assert [(r["name"], r["ok"]) for r in results] == [
         ("zone", True), ("vcpu-quota", True), ("elastic-ip-quota", True), ("capacity-reservation", True),
-        ("stacks", True)]
+        ("stacks", True), ("file-system", True)]
     assert "offered in us-east-1a (cluster_availability_zone)" in results[0]["message"]
+
+
+# --- the shared file system switch ------------------------------------------------------------
+# EFS's DeleteMountTarget "forcibly breaks any mounts of the file system by using the mount target
+# that is being deleted ... Uncommitted writes might be lost" (EFS API reference): a deploy that
+# switches existing_file_system_id removes the old file system's mount targets.
+OLD_FS, NEW_FS = "fs-0aaaaaaaaaaaaaaa1", "fs-0bbbbbbbbbbbbbbb2"
+FS_PARAMETER = "/maskrcnn/NetworkStorageStack/file-system-id"   # infra/constructs/file_system.py
+
+
+def deployed_file_system(fs_id: str, *, nodes: bool) -> None:
+    from aws_fakes import node_groups
+    boto3.client("ssm").put_parameter(Name=FS_PARAMETER, Value=fs_id, Type="String")
+    size = 1 if nodes else 0
+    node_groups(boto3.session.Session(), {"EfsClusterStack-master": (0, 1, size),
+                                          "EfsClusterStack-worker": (0, 1, size)})
+
+
+def test_switching_the_file_system_is_refused_while_cluster_nodes_mount_it(aws_env):
+    deployed_file_system(OLD_FS, nodes=True)
+    check = checks(p4d(existing_file_system_id=NEW_FS), Replay(QUOTAS))["file-system"]
+    assert not check.ok
+    assert f"switches from {OLD_FS} to {NEW_FS}" in check.message
+    assert "1 instance(s) of EfsClusterStack-master, 1 instance(s) of EfsClusterStack-worker" in check.message
+    assert "`maskrcnn cluster pause`" in check.message and "job stop" in check.message
+
+
+def test_switching_the_file_system_of_a_paused_cluster_passes(aws_env):
+    deployed_file_system(OLD_FS, nodes=False)
+    check = checks(p4d(existing_file_system_id=NEW_FS), Replay(QUOTAS))["file-system"]
+    assert check.ok and f"nothing mounts {OLD_FS} now" in check.message, check
+
+
+def test_keeping_the_file_system_passes_with_nodes_running(aws_env):
+    deployed_file_system(OLD_FS, nodes=True)
+    check = checks(p4d(existing_file_system_id=OLD_FS), Replay(QUOTAS))["file-system"]
+    assert check.ok and check.message == f"the deploy keeps {OLD_FS}"
+
+
+def test_a_file_system_the_stack_created_is_kept_and_leaving_a_reused_one_is_refused(aws_env):
+    cloudformation = boto3.client("cloudformation")
+    cloudformation.create_stack(StackName="NetworkStorageStack", TemplateBody=json.dumps(
+        {"Resources": {"FileSystem": {"Type": "AWS::EFS::FileSystem", "Properties": {"Encrypted": True}}}}))
+    (created,) = [r["PhysicalResourceId"] for r in cloudformation.list_stack_resources(
+        StackName="NetworkStorageStack")["StackResourceSummaries"]]
+    deployed_file_system(created, nodes=True)
+    assert checks(p4d(), Replay(QUOTAS))["file-system"].ok          # existing_file_system_id unset: kept
+    boto3.client("ssm").put_parameter(Name=FS_PARAMETER, Value=OLD_FS, Type="String", Overwrite=True)
+    check = checks(p4d(), Replay(QUOTAS))["file-system"]            # reused OLD_FS, back to a new one
+    assert not check.ok and f"switches from {OLD_FS} to a new file system" in check.message
+
+
+def test_a_running_notebook_blocks_the_switch_too(aws_env):
+    from aws_fakes import deploy_stack
+    from infra import outputs
+    deployed_file_system(OLD_FS, nodes=False)
+    session = boto3.session.Session()
+    role = boto3.client("iam").create_role(RoleName="nb", AssumeRolePolicyDocument="{}")["Role"]["Arn"]
+    boto3.client("sagemaker").create_notebook_instance(
+        NotebookInstanceName="team-notebook", InstanceType="ml.t3.medium", RoleArn=role)
+    deploy_stack(session, values={outputs.NOTEBOOK_NAME: "team-notebook"})
+    check = checks(p4d(existing_file_system_id=NEW_FS), Replay(QUOTAS), session)["file-system"]
+    assert not check.ok and "the notebook team-notebook (InService)" in check.message, check
