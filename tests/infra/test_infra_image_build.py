@@ -293,7 +293,9 @@ def build_app(tmp_path: Path, overrides: dict | None = None):
     """The real app built (not synthesized) with the default settings, as `cdk synth` runs it."""
     import aws_cdk as cdk
 
-    context = {**cdk_json_context(), "settings_file": str(tmp_path / "none.json"),
+    from infra import settings
+
+    context = {**cdk_json_context(), "settings_file": settings.NO_FILE,
                **(overrides or {})}
     return load_app_module().build(cdk.App(context=context, outdir=str(tmp_path / "out")))
 
