@@ -44,6 +44,7 @@ from infra.config import EBS_VOLUME_GIB
 from infra.node_contract import EFS_MOUNT
 from launch import cost
 from launch.aws import LaunchError, make_session, require_output, stack_outputs
+from launch.cluster import capacity
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CDK_CLI = REPO_ROOT / "node_modules" / ".bin" / "cdk"
@@ -69,6 +70,8 @@ IMAGE_GB = 3.0          # the training image, compressed in ECR (docs/launch.md 
 SMALL_ITEMS_USD = 0.10
 # The image build (docs/launch.md: 20-40 min the first time) runs before anything exists on AWS.
 IMAGE_BUILD_MINUTES = 30
+# The nodes' start after the deploy: a boot, the image pull and the master waiting for its workers.
+NODES_START_S = 45 * 60
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,8 +83,9 @@ class Step:
 
 def steps(settings: "Settings") -> tuple[Step, ...]:
     return (
-        Step("deploy", "cdk deploy: build the training image here (Docker), then the stacks, the "
-             "nodes booting and pulling the image", IMAGE_BUILD_MINUTES + 25),
+        Step("deploy", "cdk deploy: build the training image (Docker here if it runs, else CodeBuild "
+             "in the account), then the stacks; start the nodes, which boot and pull the image",
+             IMAGE_BUILD_MINUTES + 25),
         Step("dataset", f"generate the synthetic dataset here, upload it to the bucket "
              f"({settings.dataset['train']} + {settings.dataset['val']} images)", 2),
         Step("stage", "S3 -> EFS on the master (SSM Run Command)", 3),
@@ -345,23 +349,22 @@ class Smoke:
                                  f"destroy it with `{CDK_CLI.relative_to(REPO_ROOT)} destroy --force "
                                  f"{' '.join(STACK_IDS)} {' '.join(self.settings.cdk_context())}`, "
                                  f"or pass another --name-prefix")
-        if self.runner(["docker", "info", "--format", "{{.ServerVersion}}"], self.env) != 0:
-            raise SmokeError("Docker is not running here: `cdk deploy` builds the training image with it")
         return account
 
     def deploy(self) -> None:
         self.deploy_started = True
         if self._cdk("deploy", *STACK_IDS, "--require-approval", "never") != 0:
             raise SmokeError("cdk deploy failed (its output is above)")
-        cluster = self._outputs(outputs.EFS_CLUSTER_STACK)
-        group = require_output(cluster, outputs.MASTER_ASG_NAME, self.settings.stack_name(outputs.EFS_CLUSTER_STACK))
-        groups = self.session.client("autoscaling").describe_auto_scaling_groups(
-            AutoScalingGroupNames=[group])["AutoScalingGroups"]
-        instances = [i["InstanceId"] for g in groups for i in g.get("Instances", [])
-                     if i["LifecycleState"] == "InService"]
-        if not instances:
-            raise SmokeError(f"the master group {group} has no InService instance after the deploy")
-        self.master_id = instances[0]
+        # A deploy sets no group's size (docs/infra.md): the nodes start as `maskrcnn cluster resume
+        # --wait` starts them.
+        names = capacity.group_names(self.session, self.settings.stack_name(outputs.EFS_CLUSTER_STACK))
+        capacity.resume(self.session, capacity.describe_groups(self.session, names))
+        try:
+            groups = capacity.wait_in_service(self.session, names, timeout_s=NODES_START_S,
+                                              poll_s=self.settings.poll_seconds)
+        except LaunchError as err:
+            raise SmokeError(str(err)) from None
+        self.master_id = next(g for g in groups if g.role == "master").in_service[0]
         self.out(f"master node: {self.master_id}")
 
     def upload_dataset(self) -> str:
@@ -585,7 +588,7 @@ def run(settings: Settings, *, session: boto3.session.Session, runner: Runner, a
     except (SmokeError, ClientError) as err:
         out(f"\nerror: {err}")
         return 2
-    out(f"\nchecked: account {account}, region {session.region_name}, CDK bootstrapped, Docker running, "
+    out(f"\nchecked: account {account}, region {session.region_name}, CDK bootstrapped, "
         f"no smoke stacks present")
     if not assume_yes:
         try:

@@ -123,7 +123,7 @@ def _scale_up_workers(env: dict[str, str]) -> None:
         session, {"worker": env["WORKER_ASG_NAME"]}))
     if worker is not None:
         print(f"scaling the worker group {worker.name} from {worker.desired} to {worker.max_size} node(s) "
-              f"(it was scaled down while idle); the job starts once they have booted and passed their "
+              f"(its configured size); the job starts once they have booted and passed their "
               f"health checks (a GPU node takes ~10-15 min)", flush=True)
 
 

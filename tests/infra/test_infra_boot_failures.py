@@ -31,7 +31,7 @@ from cdk_synth import synthesize
 from machine import require
 from test_infra_boot_script import (CLUSTER, GPUS_OF_TYPE, _imds, _instance,
                                     _sandbox_unavailable, _start_node, deploy_cluster,
-                                    make_stubs, node_user_data)
+                                    make_stubs, node_user_data, subscribe_alerts_queue)
 
 SHARED = outputs.NETWORK_STORAGE_STACK
 # ParallelCluster's protected mode stops a queue after 10 consecutive bootstrap failures; the app
@@ -78,14 +78,7 @@ def cluster(aws_env, default_synth, tmp_path):
     node needs to boot in the sandbox."""
     require(_sandbox_unavailable())
     stack_outputs = deploy_cluster(default_synth)
-    (topic_arn,) = [r["PhysicalResourceId"] for r in boto3.client("cloudformation")
-                    .list_stack_resources(StackName=SHARED)["StackResourceSummaries"]
-                    if r["ResourceType"] == "AWS::SNS::Topic"]
-    sqs = boto3.client("sqs")
-    queue_url = sqs.create_queue(QueueName="alerts")["QueueUrl"]
-    queue_arn = sqs.get_queue_attributes(QueueUrl=queue_url, AttributeNames=["QueueArn"])[
-        "Attributes"]["QueueArn"]
-    boto3.client("sns").subscribe(TopicArn=topic_arn, Protocol="sqs", Endpoint=queue_arn)
+    topic_arn, queue_url = subscribe_alerts_queue()
     efs = tmp_path / "efs"
     efs.mkdir()
     worker_group = stack_outputs[outputs.WORKER_ASG_NAME]

@@ -175,6 +175,20 @@ def deploy_cluster(synth) -> dict[str, str]:
     return {o["OutputKey"]: o["OutputValue"] for o in stack["Outputs"]}
 
 
+def subscribe_alerts_queue() -> tuple[str, str]:
+    """An SQS queue subscribed to the deployed alerts topic, to read what the topic was told: the
+    topic's ARN and the queue's URL."""
+    (topic_arn,) = [r["PhysicalResourceId"] for r in boto3.client("cloudformation")
+                    .list_stack_resources(StackName=outputs.NETWORK_STORAGE_STACK)["StackResourceSummaries"]
+                    if r["ResourceType"] == "AWS::SNS::Topic"]
+    sqs = boto3.client("sqs")
+    queue_url = sqs.create_queue(QueueName="alerts")["QueueUrl"]
+    queue_arn = sqs.get_queue_attributes(QueueUrl=queue_url, AttributeNames=["QueueArn"])[
+        "Attributes"]["QueueArn"]
+    boto3.client("sns").subscribe(TopicArn=topic_arn, Protocol="sqs", Endpoint=queue_arn)
+    return topic_arn, queue_url
+
+
 def make_stubs(directory: Path) -> Path:
     directory.mkdir()
     for name, body in STUBS.items():
@@ -388,14 +402,8 @@ def test_a_node_that_mounts_efs_without_tls_says_so_and_the_alerts_topic_hears_i
     logs it again but does not repeat the alert. A node whose AMI has mount.efs mounts with TLS
     and says nothing of the kind."""
     stack_outputs = deploy_cluster(default_synth)
-    (topic_arn,) = [r["PhysicalResourceId"] for r in boto3.client("cloudformation")
-                    .list_stack_resources(StackName=outputs.NETWORK_STORAGE_STACK)["StackResourceSummaries"]
-                    if r["ResourceType"] == "AWS::SNS::Topic"]
+    _, queue_url = subscribe_alerts_queue()
     sqs = boto3.client("sqs")
-    queue_url = sqs.create_queue(QueueName="alerts")["QueueUrl"]
-    queue_arn = sqs.get_queue_attributes(QueueUrl=queue_url, AttributeNames=["QueueArn"])[
-        "Attributes"]["QueueArn"]
-    boto3.client("sns").subscribe(TopicArn=topic_arn, Protocol="sqs", Endpoint=queue_arn)
 
     efs = tmp_path / "efs"
     efs.mkdir()

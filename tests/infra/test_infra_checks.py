@@ -58,7 +58,9 @@ def test_cdk_preflight_runs_on_every_synth_in_enforce_mode(tmp_path):
     import aws_cdk as cdk
     from aws_cdk import aws_events as events
 
-    app = cdk.App(context={**cdk_json_context(), "settings_file": str(tmp_path / "none.json")},
+    from infra import settings
+
+    app = cdk.App(context={**cdk_json_context(), "settings_file": settings.NO_FILE, "image_build": "local"},
                   outdir=str(tmp_path))
     stacks = load_app_module().build(app)
     events.CfnRule(stacks.sagemaker, "RuleWithAnUndeclaredPlaceholder",

@@ -321,24 +321,18 @@ def test_auto_without_a_docker_command_builds_in_codebuild(tmp_path, monkeypatch
     assert "image_build=auto: no 'docker' command on PATH" in capsys.readouterr().err
 
 
-def test_auto_with_docker_but_no_engine_builds_in_codebuild(tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("info_status, mode, said", [
+    (1, "codebuild", "`docker info` failed"),     # a client with no engine running
+    (0, "local", "image_build=local"),            # the synth note says how to keep the choice
+])
+def test_auto_asks_docker_info_whether_to_build_locally(tmp_path, monkeypatch, capsys, info_status, mode, said):
     calls = tmp_path / "calls"
-    bin_dir = fake_docker(tmp_path / "bin", 1, calls)
+    bin_dir = fake_docker(tmp_path / "bin", info_status, calls)
     monkeypatch.setenv("PATH", os.pathsep.join([str(bin_dir), path_without_docker()]))
     monkeypatch.delenv("CDK_DOCKER", raising=False)
-    assert built_mode(build_app(tmp_path)) == "codebuild"
+    assert built_mode(build_app(tmp_path)) == mode
     assert calls.read_text() == "info\n"
-    assert "`docker info` failed" in capsys.readouterr().err
-
-
-def test_auto_with_a_working_docker_builds_locally(tmp_path, monkeypatch, capsys):
-    calls = tmp_path / "calls"
-    bin_dir = fake_docker(tmp_path / "bin", 0, calls)
-    monkeypatch.setenv("PATH", os.pathsep.join([str(bin_dir), path_without_docker()]))
-    monkeypatch.delenv("CDK_DOCKER", raising=False)
-    assert built_mode(build_app(tmp_path)) == "local"
-    assert calls.read_text() == "info\n"
-    assert "image_build=local" in capsys.readouterr().err     # how to keep the choice
+    assert said in capsys.readouterr().err
 
 
 def test_auto_asks_the_command_cdk_builds_with(tmp_path, monkeypatch):

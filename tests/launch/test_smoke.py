@@ -85,8 +85,9 @@ def test_plan_states_cost_and_time_and_refusal_creates_nothing(aws_env, monkeypa
     assert "account 123456789012" in out and out.rstrip().endswith("nothing created")
     # The deployment pre-flight ran first: 2 x m5.xlarge = 8 vCPUs of the Standard quota.
     assert out.index("PASS  vcpu-quota: Running On-Demand Standard") < out.index("checked: account")
-    # Only the read-only Docker check ran; nothing was deployed or uploaded.
-    assert runner.verbs() == [("docker", "info")]
+    # No command ran (Docker is not needed: without it the image is built in the account); nothing
+    # was deployed or uploaded.
+    assert runner.verbs() == []
     assert boto3.client("cloudformation").list_stacks()["StackSummaries"] == []
     assert boto3.client("s3").list_buckets()["Buckets"] == []
 
@@ -143,8 +144,8 @@ def test_a_failed_deploy_is_still_torn_down(aws_env, capsys):
 
     assert smoke.main(["--yes"], runner=runner) == 1
 
-    assert runner.verbs() == [("docker", "info"), ("cdk", "deploy"), ("cdk", "destroy")]
-    deploy, destroy = runner.calls[1], runner.calls[2]
+    assert runner.verbs() == [("cdk", "deploy"), ("cdk", "destroy")]
+    deploy, destroy = runner.calls
     assert _context(destroy) == _context(deploy) == _context(smoke.Settings().cdk_context())
     assert set(smoke.STACK_IDS) <= set(destroy) and "--force" in destroy
     out = capsys.readouterr().out
@@ -180,7 +181,7 @@ def test_whole_run_in_moto(sagemaker_env, tmp_path, capsys):
     cdk_synth = _cdk_synth()
     cdk_synth.prepare_moto_account()
     cloudformation = boto3.client("cloudformation")
-    deployed, masters = [], []
+    deployed, master_groups, masters, started = [], [], set(), []
     network = smoke.Settings().stack_name("NetworkStorageStack")
 
     def deploy(argv, env):
@@ -190,11 +191,8 @@ def test_whole_run_in_moto(sagemaker_env, tmp_path, capsys):
             assert stack["StackStatus"] == "CREATE_COMPLETE", stack.get("StackStatusReason")
             deployed.append(synth.stack_names[stack_id])
             if stack_id == "EfsClusterStack":
-                group = next(o["OutputValue"] for o in stack["Outputs"]
-                             if o["OutputKey"] == "MasterAutoScalingGroupName")
-                (found,) = boto3.client("autoscaling").describe_auto_scaling_groups(
-                    AutoScalingGroupNames=[group])["AutoScalingGroups"]
-                masters.extend(i["InstanceId"] for i in found["Instances"])
+                master_groups.append(next(o["OutputValue"] for o in stack["Outputs"]
+                                          if o["OutputKey"] == "MasterAutoScalingGroupName"))
         return 0
 
     def destroy(argv, env):
@@ -215,6 +213,13 @@ def test_whole_run_in_moto(sagemaker_env, tmp_path, capsys):
                             lambda request, **kw: sent_commands.append(json.loads(request.body)))
     training_jobs = capture_requests(session)
     _emulate_agent_and_scraping(session)
+    # A deploy starts no node: the smoke starts both groups, then sends its commands to the master.
+    session.events.register("provide-client-params.autoscaling.SetDesiredCapacity",
+                            lambda params, **kw: started.append((params["AutoScalingGroupName"],
+                                                                 params["DesiredCapacity"])))
+    session.events.register("after-call.autoscaling.DescribeAutoScalingGroups", lambda parsed, **kw: masters.update(
+        i["InstanceId"] for g in parsed["AutoScalingGroups"] if g["AutoScalingGroupName"] in master_groups
+        for i in g["Instances"] if i["LifecycleState"] == "InService"))
     settings = smoke.Settings(region="us-east-1", dataset={"train": 6, "val": 3, "size": 64},
                               delete_data=True, poll_seconds=0)
 
@@ -222,8 +227,8 @@ def test_whole_run_in_moto(sagemaker_env, tmp_path, capsys):
     assert smoke.run(settings, session=session, runner=runner, assume_yes=True) == 1
 
     out = capsys.readouterr().out
-    assert runner.verbs() == [("docker", "info"), ("cdk", "deploy"), ("cdk", "destroy")]
-    assert sum(line.startswith("bbox ") for line in out.splitlines()) == 2   # both tables printed
+    assert runner.verbs() == [("cdk", "deploy"), ("cdk", "destroy")]
+    assert sum(line.startswith("bbox ") for line in out.splitlines()) == 2, out   # both tables printed
     assert " failed: " not in out and "SMOKE TEST FAILED" in out
     assert "TEARDOWN FAILED" in out and "cdk destroy --force" in out and "teardown incomplete" in out
     statuses = {s["StackName"]: s["StackStatus"] for s in cloudformation.list_stacks()["StackSummaries"]}
@@ -240,7 +245,9 @@ def test_whole_run_in_moto(sagemaker_env, tmp_path, capsys):
 
     # Every SSM command goes to the master, as a shell script with its execution timeout.
     assert {c["DocumentName"] for c in sent_commands} == {"AWS-RunShellScript"}
-    assert len(masters) == 1 and all(c["InstanceIds"] == masters for c in sent_commands)
+    assert (master_groups[0], 1) in started
+    assert [d for g, d in started if g != master_groups[0]] == [settings.worker_count]
+    assert len(masters) == 1 and all(c["InstanceIds"] == list(masters) for c in sent_commands)
     stage, train, *reads = [c["Parameters"]["commands"][0] for c in sent_commands]
     to_efs = shlex.split(stage.splitlines()[1])
     assert to_efs[:7] == ["docker", "exec", "maskrcnn", "python", "-m", "launch.staging", "to-efs"]
