@@ -60,13 +60,28 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+# The server binds port 0 itself and reports the port it got: a port picked here and bound later by
+# the server could be taken in between by another test's server, and this test would then talk to it.
+_MOTO_SERVER = """
+import signal
+from moto.server import ThreadedMotoServer
+server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+server.start()
+print(server.get_host_and_port()[1], flush=True)
+signal.pause()
+"""
+
+
 def start_moto_server() -> tuple[subprocess.Popen, str]:
     """A moto server on a free port of 127.0.0.1, answering: (process, endpoint URL).
 
     Used by the ``moto_server`` fixture and by bench/staging_efs.py; the caller stops it."""
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen([sys.executable, "-c", _MOTO_SERVER], stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True)
+    port = proc.stdout.readline().strip()
+    if not port.isdigit():
+        proc.kill()
+        raise RuntimeError("moto server did not start")
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + 60
     while True:
