@@ -90,8 +90,9 @@ def test_sampled_rpn_losses_equal_the_losses_over_every_anchor(tf_session):
         dense_labels[i, index[i, :used]] = labels[i, :used]
         dense_targets[i, index[i, :used]] = targets[i, :used]
     sparse = sess.run(sampled_rpn_losses(tf.constant(index), tf.constant(labels), tf.constant(targets),
-                                         tf.constant(logits), tf.constant(deltas)))
+                                         tf.constant(logits), tf.constant(deltas), batch_per_im=rows))
     dense = sess.run(rpn_losses(tf.constant(dense_labels.reshape(-1)), tf.constant(dense_targets.reshape(-1, 4)),
-                                tf.constant(logits.reshape(-1)), tf.constant(deltas.reshape(-1, 4))))
+                                tf.constant(logits.reshape(-1)), tf.constant(deltas.reshape(-1, 4)),
+                                normaliser=batch * rows))
     np.testing.assert_allclose(sparse, dense, rtol=1e-6)
     assert dense[0] > 0 and dense[1] > 0

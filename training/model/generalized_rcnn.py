@@ -162,7 +162,8 @@ class MaskRCNN(ModelDesc):
             num_anchors, anchor_index, anchor_labels, anchor_targets, logits_l, tf.shape(images)[1:3], specs=specs,
             anchors_per_cell=len(specs[0][1]) * len(cfg.RPN.ANCHOR_RATIOS), fpn=cfg.MODE_FPN)
         rpn_label_loss, rpn_box_loss = losses.sampled_rpn_losses(
-            anchor_index, anchor_labels, anchor_targets, tf.concat(logits_l, axis=1), tf.concat(deltas_l, axis=1))
+            anchor_index, anchor_labels, anchor_targets, tf.concat(logits_l, axis=1), tf.concat(deltas_l, axis=1),
+            batch_per_im=cfg.RPN.BATCH_PER_IM)
 
         # ---- sample ROIs per image; gather foreground ROIs for the box regression and the mask head
         max_gt = tf.shape(gt_boxes)[1]
@@ -193,7 +194,8 @@ class MaskRCNN(ModelDesc):
 
         logits, deltas, res5 = self._box_head(pool, rois, roi_img)
         fg_deltas = tf.gather_nd(deltas, tf.stack([fg_pos, fg_labels - 1], axis=1))
-        label_loss, box_loss, stats = losses.fastrcnn_losses(labels, logits, fg_box_targets, fg_deltas)
+        label_loss, box_loss, stats = losses.fastrcnn_losses(labels, logits, fg_box_targets, fg_deltas,
+                                                             roi_image=roi_img, fg_image=fg_img, num_images=batch)
         named = {"rpn_losses/label_loss": rpn_label_loss, "rpn_losses/box_loss": rpn_box_loss,
                  "fastrcnn_losses/label_loss": label_loss, "fastrcnn_losses/box_loss": box_loss, **stats}
         total = rpn_label_loss + rpn_box_loss + label_loss + box_loss
