@@ -1,9 +1,10 @@
 """The RPN's training labels for one image, computed where they are cheap: near the boxes.
 
-Same rules as :func:`training.model.anchors.rpn_targets` (anchors whose centre lies outside the
-real image are ignored; foreground at IoU >= the positive threshold or best anchor of a box,
-background below the negative threshold, crowd-covered background ignored; at most
-``batch_per_im`` labels, foreground up to ``fg_ratio``), but not as a dense anchors x boxes IoU
+Same rules as :func:`training.model.anchors.rpn_targets` (tensorpack's ``get_anchor_labels``:
+only anchors wholly inside the real image are labelled; foreground at IoU >= the positive
+threshold or best anchor of a box, unless its IoU is below the negative threshold, which makes it
+background; candidates mostly covered by a crowd box ignored; at most ``batch_per_im`` labels,
+foreground up to ``fg_ratio``), but not as a dense anchors x boxes IoU
 matrix: at 800x1333 with P2-P6 there are ~270k anchors, and that matrix made the per-image
 targets the pipeline's bottleneck. An anchor can only overlap a box when its centre is within
 half an anchor size of the box, and each level's anchors are stored row by row (``[H, W, A]``),
@@ -98,11 +99,19 @@ def _iou_with(a: np.ndarray, areas: np.ndarray, box: np.ndarray) -> np.ndarray:
     return np.where(union > 0, inter / np.maximum(union, 1e-12), 0).astype(np.float32)
 
 
+def _ioa_with(a: np.ndarray, areas: np.ndarray, box: np.ndarray) -> np.ndarray:
+    """Intersection of anchors ``a`` [..., 4] with one box, over each anchor's area ``areas``."""
+    iw = np.clip(np.minimum(a[..., 2], box[2]) - np.maximum(a[..., 0], box[0]), 0, None)
+    ih = np.clip(np.minimum(a[..., 3], box[3]) - np.maximum(a[..., 1], box[1]), 0, None)
+    return np.where(areas > 0, iw * ih / np.maximum(areas, 1e-12), 0).astype(np.float32)
+
+
 def classify_anchors(anchors: AnchorSet, gt_boxes: np.ndarray, is_crowd: np.ndarray, image_hw, *,
                      positive_thresh: float, negative_thresh: float, crowd_overlap_thresh: float):
     """Before sampling: ``(foreground mask [N], background mask [N], best box index [N])``."""
     h, w = image_hw
-    inside = (anchors.centre_x >= 0) & (anchors.centre_x < w) & (anchors.centre_y >= 0) & (anchors.centre_y < h)
+    b = anchors.boxes
+    inside = (b[:, 0] >= 0) & (b[:, 1] >= 0) & (b[:, 2] <= w) & (b[:, 3] <= h)  # tensorpack's filter_boxes_inside_shape
     is_crowd = np.asarray(is_crowd, bool).reshape(-1)
     gt_boxes = np.asarray(gt_boxes, np.float32).reshape(-1, 4)
     boxes, crowd = gt_boxes[~is_crowd], gt_boxes[is_crowd]
@@ -120,17 +129,21 @@ def classify_anchors(anchors: AnchorSet, gt_boxes: np.ndarray, is_crowd: np.ndar
             anchors.grid(best_gt, level)[rows, cols][better] = g
             blocks.append((level, rows, cols, iou))
             top = max(top, float(iou.max()))
-        if top > 0:  # every box gets its best anchors (ties included), even below the threshold
+        if top > 0:  # every box's best anchors (ties included) are candidates, even below the threshold
             for level, rows, cols, iou in blocks:
                 anchors.grid(foreground, level)[rows, cols] |= iou == top
     foreground |= inside & (best_iou >= positive_thresh)
-    background = inside & (best_iou < negative_thresh) & ~foreground
-    if len(crowd) and crowd_overlap_thresh <= 1.0:
-        for box in crowd:  # background mostly inside a crowd region is ambiguous: ignore it
+    # below the negative threshold an anchor is background, even when it is a box's best
+    background = inside & (best_iou < negative_thresh)
+    foreground &= ~background
+    # no box (only crowds): every inside anchor is background, crowds are not consulted (as tensorpack)
+    if len(boxes) and len(crowd) and crowd_overlap_thresh <= 1.0:
+        for box in crowd:  # a candidate mostly inside a crowd region is ambiguous: ignore it
             for level, rows, cols in anchors.blocks(box):
-                iou = _iou_with(anchors.grid(anchors.boxes, level)[rows, cols],
-                                anchors.grid(anchors.areas, level)[rows, cols], box)
-                anchors.grid(background, level)[rows, cols] &= ~(iou > crowd_overlap_thresh)
+                covered = _ioa_with(anchors.grid(anchors.boxes, level)[rows, cols],
+                                    anchors.grid(anchors.areas, level)[rows, cols], box) > crowd_overlap_thresh
+                anchors.grid(background, level)[rows, cols] &= ~covered
+                anchors.grid(foreground, level)[rows, cols] &= ~covered
     return foreground, background, best_gt
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from training.model import scopes
-from training.model.box_ops import np_encode, np_iou
+from training.model.box_ops import np_encode, np_ioa, np_iou
 
 
 def cell_anchors(sizes, ratios) -> np.ndarray:
@@ -65,19 +65,21 @@ def rpn_targets(anchors: np.ndarray, gt_boxes: np.ndarray, is_crowd: np.ndarray,
                 batch_per_im: int = 256, fg_ratio: float = 0.5, crowd_overlap_thresh: float = 9.99):
     """Label ``anchors`` for one image: 1 foreground, 0 background, -1 ignored.
 
-    Anchors whose centre lies outside the real (unpadded) image are ignored. An anchor is
-    foreground when its IoU with some box is >= ``positive_thresh`` or it is (one of) the best
-    anchors of some box; background below ``negative_thresh``. At most ``batch_per_im`` labels
-    are kept, foreground up to ``fg_ratio`` of them. Returns ``(labels [A] int32,
-    box_targets [A, 4] float32)``; targets are encoded against the anchor for foreground anchors.
+    tensorpack's rules (``get_anchor_labels`` and ``filter_boxes_inside_shape`` in its
+    examples/FasterRCNN data.py and common.py): only anchors wholly inside the real (unpadded)
+    image are labelled. An anchor is foreground when its IoU with some box is >=
+    ``positive_thresh`` or it is (one of) the best anchors of some box, and background when its
+    best IoU is below ``negative_thresh`` (also when it is a box's best anchor). Foreground and
+    background anchors whose intersection with a crowd box covers more than
+    ``crowd_overlap_thresh`` of the anchor are ignored. At most ``batch_per_im`` labels are kept,
+    foreground up to ``fg_ratio`` of them. Returns ``(labels [A] int32, box_targets [A, 4]
+    float32)``; targets are encoded against the anchor for foreground anchors.
     """
     num = len(anchors)
     labels = np.full((num,), -1, np.int32)
     targets = np.zeros((num, 4), np.float32)
     h, w = image_hw
-    cx = 0.5 * (anchors[:, 0] + anchors[:, 2])
-    cy = 0.5 * (anchors[:, 1] + anchors[:, 3])
-    inside = np.flatnonzero((cx >= 0) & (cx < w) & (cy >= 0) & (cy < h))
+    inside = np.flatnonzero((anchors[:, 0] >= 0) & (anchors[:, 1] >= 0) & (anchors[:, 2] <= w) & (anchors[:, 3] <= h))
     is_crowd = np.asarray(is_crowd, bool).reshape(-1)
     gt_boxes = np.asarray(gt_boxes, np.float32).reshape(-1, 4)
     boxes = gt_boxes[~is_crowd]
@@ -91,19 +93,19 @@ def rpn_targets(anchors: np.ndarray, gt_boxes: np.ndarray, is_crowd: np.ndarray,
         best_gt = iou.argmax(axis=1)
         best_iou = iou[np.arange(len(inside)), best_gt]
         lab[:] = -1
-        lab[best_iou < negative_thresh] = 0
-        # every box gets its best anchors (ties included), even below the threshold
+        # every box gets its best anchors (ties included), then the thresholds, negative last
         gt_best = iou.max(axis=0)
         best_for_gt = np.flatnonzero(((iou == gt_best[None, :]) & (gt_best[None, :] > 0)).any(axis=1))
         lab[best_for_gt] = 1
         lab[best_iou >= positive_thresh] = 1
+        lab[best_iou < negative_thresh] = 0
         tgt = np_encode(boxes[best_gt], a_in)
+        if len(crowd) and crowd_overlap_thresh <= 1.0:
+            # candidates mostly inside a crowd region are ambiguous: ignore them
+            inter = np_ioa(crowd, a_in)  # [C, Ai]: the share of each anchor inside each crowd box
+            lab[(lab >= 0) & (inter.max(axis=0) > crowd_overlap_thresh)] = -1
     else:
         tgt = np.zeros((len(inside), 4), np.float32)
-    if len(crowd) and crowd_overlap_thresh <= 1.0:
-        # background anchors that lie mostly inside a crowd region are ambiguous: ignore them
-        inter = np_iou(a_in, crowd)  # IoU as a proxy for overlap with the crowd region
-        lab[(lab == 0) & (inter.max(axis=1) > crowd_overlap_thresh)] = -1
 
     fg = np.flatnonzero(lab == 1)
     max_fg = int(batch_per_im * fg_ratio)

@@ -35,6 +35,17 @@ def np_iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.where(union > 0, inter / np.maximum(union, 1e-12), 0.0).astype(np.float32)
 
 
+def np_ioa(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Pairwise intersection over the area of the second box, ``[N, 4] x [M, 4] -> [N, M]``
+    (how much of each ``b`` lies inside each ``a``); an empty ``b`` gives 0."""
+    a = np.asarray(a, np.float32).reshape(-1, 4)
+    b = np.asarray(b, np.float32).reshape(-1, 4)
+    iw = np.clip(np.minimum(a[:, None, 2], b[None, :, 2]) - np.maximum(a[:, None, 0], b[None, :, 0]), 0, None)
+    ih = np.clip(np.minimum(a[:, None, 3], b[None, :, 3]) - np.maximum(a[:, None, 1], b[None, :, 1]), 0, None)
+    area = np_area(b)[None, :]
+    return np.where(area > 0, iw * ih / np.maximum(area, 1e-12), 0.0).astype(np.float32)
+
+
 def _centers(b):
     w, h = b[:, 2] - b[:, 0], b[:, 3] - b[:, 1]
     return b[:, 0] + 0.5 * w, b[:, 1] + 0.5 * h, w, h
