@@ -155,22 +155,31 @@ class Checkpoints(ProxyCallback):
         return self._saved_path
 
 
-class ResumeMidEpoch(Callback):
-    """A run resumed at a step inside an epoch (a timed or stop checkpoint, or a resume on another
-    global batch) first trains only the rest of that epoch, so its epoch ends, checkpoints,
-    evaluations and last step fall where the uninterrupted run's do. tensorpack's loop runs
-    ``loop.steps_per_epoch`` steps per epoch and reads that count after ``before_epoch``; every rank
-    sets it (the ranks must run the same steps)."""
+class EpochSteps(Callback):
+    """Sets how many steps each epoch runs, so a run ends exactly at ``max_steps`` (TRAIN.MAX_STEPS)
+    and a resumed run's epochs fall where the uninterrupted run's do.
+
+    Epoch ``e`` covers the steps after ``(e - 1) * steps_per_epoch`` up to ``e * steps_per_epoch``,
+    and the last epoch (TRAIN.MAX_EPOCH, rounded up) stops at ``max_steps``: 360000 steps in epochs
+    of 12500 are 28 full epochs and one of 10000, not 29 x 12500 = 362500. A run resumed at a step
+    inside an epoch (a timed or stop checkpoint, or a resume on another global batch) first trains
+    only the rest of that epoch. tensorpack's loop runs ``loop.steps_per_epoch`` steps per epoch and
+    reads that count after ``before_epoch``; every rank sets it (the ranks must run the same steps).
+    """
 
     chief_only = False
 
-    def __init__(self, *, start_step: int, steps_per_epoch: int):
+    def __init__(self, *, start_step: int, steps_per_epoch: int, max_steps: int):
         self._start = start_step
         self._spe = steps_per_epoch
+        self._max = max_steps
+
+    def steps_of_epoch(self, epoch: int) -> int:
+        first = max((epoch - 1) * self._spe, self._start)
+        return max(0, min(epoch * self._spe, self._max) - first)
 
     def _before_epoch(self):
-        first = self.epoch_num == self._start // self._spe + 1
-        self.trainer.loop.steps_per_epoch = self._spe - self._start % self._spe if first else self._spe
+        self.trainer.loop.steps_per_epoch = self.steps_of_epoch(self.epoch_num)
 
 
 # ------------------------------------------------------------------------------------------ heartbeat, stop

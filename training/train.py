@@ -189,7 +189,8 @@ def main(argv=None) -> int:
                       indent=1, default=str)
         os.replace(os.path.join(logdir, cb.CONFIG_FILE + ".tmp"), os.path.join(logdir, cb.CONFIG_FILE))
         print(f"training on {size} rank(s), {cfg.TRAIN.BATCH_SIZE_PER_GPU} image(s) per rank, "
-              f"{len(roidb)} training images; {cfg.TRAIN.MAX_STEPS} steps = {cfg.TRAIN.MAX_EPOCH} epochs of {spe}; "
+              f"{len(roidb)} training images; {cfg.TRAIN.MAX_STEPS} steps = {cfg.TRAIN.MAX_EPOCH} epochs of {spe}"
+              f"{_last_epoch_note(cfg.TRAIN.MAX_STEPS, spe)}; "
               f"LR {cfg.TRAIN.SCALED_LR:g}" + (f"; {resume.message}" if resume else ""), flush=True)
         from training.model.weights import from_scratch_warning
         if not resume and (warning := from_scratch_warning(cfg)):  # a new run: not again at each resume
@@ -237,7 +238,7 @@ def main(argv=None) -> int:
                                  minutes=cfg.TRAIN.CHECKPOINT_MINUTES)
     stop = cb.StopOnRequest(checkpoints=checkpoints, logdir=logdir, rank=rank, steps_per_epoch=spe)
     callbacks = [
-        cb.ResumeMidEpoch(start_step=step, steps_per_epoch=spe),
+        cb.EpochSteps(start_step=step, steps_per_epoch=spe, max_steps=cfg.TRAIN.MAX_STEPS),
         # the model's statistics exist once the graph is built: hand over a getter
         cb.ProgressLogger(lambda: model.stats, period=cfg.TRAIN.LOG_PERIOD, global_batch=global_batch,
                           max_steps=cfg.TRAIN.MAX_STEPS, steps_per_epoch=spe),
@@ -269,6 +270,11 @@ def main(argv=None) -> int:
               f"the same command with the same --logdir continues from it (exit status "
               f"{stopping.STOPPED_EXIT_STATUS})", flush=True)
     return stopping.STOPPED_EXIT_STATUS
+
+
+def _last_epoch_note(max_steps: int, steps_per_epoch: int) -> str:
+    rest = max_steps % steps_per_epoch
+    return f" (the last of {rest})" if rest else ""
 
 
 if __name__ == "__main__":

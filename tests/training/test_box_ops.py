@@ -47,3 +47,17 @@ def test_decode_clips_huge_deltas():
     out = box_ops.np_decode(np.array([[0, 0, 100, 100]], np.float32), anchors)
     assert np.all(np.isfinite(out))
     assert out[0, 2] - out[0, 0] == pytest.approx(1000.0, rel=1e-4)  # 16 * 1000/16
+
+
+def test_encode_known_values(tf_session):
+    """By hand, tensorpack's encode_bbox_target convention (x1y1x2y2, width x2 - x1, no +1):
+    anchor (0, 0, 10, 10) has centre (5, 5) and size 10; box (0, 0, 20, 20) centre (10, 10), size 20.
+    With weights (10, 10, 5, 5): dx = dy = 10 * (10 - 5) / 10 = 5, dw = dh = 5 * ln(20 / 10) = 3.4657."""
+    tf, sess = tf_session
+    box = np.array([[0, 0, 20, 20]], np.float32)
+    anchor = np.array([[0, 0, 10, 10]], np.float32)
+    weights = (10.0, 10.0, 5.0, 5.0)
+    expected = [[5.0, 5.0, 3.4657, 3.4657]]
+    np.testing.assert_allclose(box_ops.np_encode(box, anchor, weights), expected, atol=1e-4)
+    np.testing.assert_allclose(sess.run(box_ops.tf_encode(tf.constant(box), tf.constant(anchor), weights)),
+                               expected, atol=1e-4)
