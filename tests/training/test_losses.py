@@ -139,3 +139,22 @@ def test_rpn_box_loss_by_hand(tf_session):
                                                        batch_per_im=256))
     assert box_loss == pytest.approx(4 * (17 / 18) / 256)
     assert label_loss == pytest.approx(np.log(2.0))  # logit 0: log 2 for every anchor, 256 / 256
+
+
+def tensorpack_maskrcnn_loss(mask_logits, fg_labels, fg_target_masks):
+    """examples/FasterRCNN/modeling/model_mrcnn.py, ``maskrcnn_loss``, for one image: the logits
+    of each ROI's own class (labels 1-based), mean sigmoid cross-entropy over ROIs and pixels."""
+    own = mask_logits[np.arange(len(fg_labels)), fg_labels - 1]
+    return np.mean(_sigmoid_cross_entropy(fg_target_masks, own))
+
+
+def test_mask_loss_equals_tensorpacks_for_one_image(tf_session):
+    tf, sess = tf_session
+    from training.model.losses import maskrcnn_loss
+    rng = np.random.default_rng(2)
+    fg, classes, size = 5, 3, 7
+    logits = rng.normal(scale=2.0, size=(fg, classes, size, size)).astype(np.float32)
+    labels = rng.integers(1, classes + 1, fg).astype(np.int32)
+    targets = (rng.random((fg, size, size)) > 0.6).astype(np.float32)
+    loss, _ = sess.run(maskrcnn_loss(tf.constant(logits), tf.constant(labels), tf.constant(targets)))
+    assert loss == pytest.approx(tensorpack_maskrcnn_loss(logits, labels, targets), rel=1e-5)
