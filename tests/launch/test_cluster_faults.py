@@ -88,10 +88,17 @@ def _starts(logdir: Path) -> list[int]:
             and not any(k in r for k in ("run_finished", "run_failed", "run_stopped"))]
 
 
-def _node_state(master, env, node: str) -> str:
+def _node_state(master, env, node: str) -> set[str]:
+    """The node's state words as scontrol prints them (State=IDLE+DRAIN+CLOUD: IDLE, DRAIN, CLOUD)."""
     out = master.run(["scontrol", "show", "node", "-o", node], env=env, timeout=30).stdout
     found = re.search(r"\bState=(\S+)", out)
-    return found.group(1) if found else ""
+    return set(found.group(1).split("+")) if found else set()
+
+
+def _drained_idle(master, env, node: str) -> bool:
+    """Drained and idle as ParallelCluster reads it (IDLE+DRAIN or DOWN+DRAIN): no job holds it."""
+    state = _node_state(master, env, node)
+    return "DRAIN" in state and bool(state & {"IDLE", "DOWN"}) and "COMPLETING" not in state
 
 
 def _slurm_name(host) -> str:
@@ -178,7 +185,8 @@ def test_a_run_survives_the_clusters_own_automation(slurm_cluster, tmp_path):
         (stall / tool).unlink()
     assert check.returncode == 0, check.stdout + check.stderr
     assert "on a retry" in check.stdout, check.stdout
-    assert _node_state(master, env, name) in ("ALLOCATED", "MIXED"), _node_state(master, env, name)
+    state = _node_state(master, env, name)
+    assert state & {"ALLOCATED", "MIXED"} and "DRAIN" not in state, state
     _wait(lambda: read_heartbeat(str(logdir))["step"] > before, 120, "training to go on")
     assert read_attempts(str(logdir))["attempt"] == 1 and read_stop_record(str(logdir)) is None
     assert _instance_health(master, env, instance).upper() == "HEALTHY"
@@ -190,7 +198,7 @@ def test_a_run_survives_the_clusters_own_automation(slurm_cluster, tmp_path):
     assert check.returncode == 1, check.stdout + check.stderr
     assert _instance_health(master, env, instance).upper() == "HEALTHY", "marked for replacement while busy"
     record = _wait(lambda: read_stop_record(str(logdir), since=asked), 150, "the requeued attempt's stopped.json")
-    _wait(lambda: _node_state(master, env, name) in ("IDLE+DRAIN", "DOWN+DRAIN"), 150, f"{name} drained and idle")
+    _wait(lambda: _drained_idle(master, env, name), 150, f"{name} drained and idle")
     assert _instance_health(master, env, instance).upper() == "HEALTHY"
     # Slurm's next run of the check on the drained node: now it is marked for replacement.
     check = _node_check(worker, env, "NODE_HEALTH_MIN_FREE_GIB=1000000")
@@ -209,7 +217,7 @@ def test_a_run_survives_the_clusters_own_automation(slurm_cluster, tmp_path):
     check = _node_check(master, env, "NODE_HEALTH_MIN_FREE_GIB=1000000")
     assert check.returncode == 1, check.stdout + check.stderr
     _wait(lambda: read_stop_record(str(logdir), since=asked), 150, "the master's requeued attempt's stopped.json")
-    _wait(lambda: _node_state(master, env, "master") in ("IDLE+DRAIN", "DOWN+DRAIN"), 150, "the master drained, idle")
+    _wait(lambda: _drained_idle(master, env, "master"), 150, "the master drained, idle")
     assert _node_check(master, env, "NODE_HEALTH_MIN_FREE_GIB=1000000").returncode == 1
     assert _instance_health(master, env, master_instance).upper() == "HEALTHY"
     resumed = master.run(["scontrol", "update", "NodeName=master", "State=RESUME"], env=env, timeout=30)
@@ -235,7 +243,7 @@ def test_a_run_survives_the_clusters_own_automation(slurm_cluster, tmp_path):
         imds.terminate()
         imds.wait(timeout=10)
     # EC2 takes the instance two minutes after its notice; by then the attempt has left it.
-    _wait(lambda: _node_state(master, env, name) in ("IDLE+DRAIN", "DOWN+DRAIN"), 150, f"{name} drained and idle")
+    _wait(lambda: _drained_idle(master, env, name), 150, f"{name} drained and idle")
     assert _instance_health(master, env, instance).upper() == "HEALTHY"
     _replace(master, env, hosts, spot, munge_key=munge_key)
     nodes[spot.name] = _start_node(spot, env)
