@@ -38,6 +38,7 @@ os.environ["AWS_CONFIG_FILE"] = os.devnull
 WHOLE_MACHINE_FILES = frozenset({
     "tests/test_emulated_hosts.py",
     "tests/launch/test_cluster_slurm.py",
+    "tests/launch/test_cluster_faults.py",
     "tests/launch/test_sagemaker_multihost.py",
     "tests/script_mode/test_sagemaker_mpi_emulated.py",
 })

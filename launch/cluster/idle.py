@@ -198,6 +198,19 @@ def check(session: boto3.session.Session, env: dict[str, str], *, now: float,
                 f"starts it again")
 
 
+def mark_left(env: dict[str, str]) -> None:
+    """Every minute, the runs whose job left the queue without its script saying so are marked
+    ended (:func:`launch.cluster.jobs.mark_left_jobs`), so a SageMaker job may continue them."""
+    from launch.cluster.jobs import mark_left_jobs   # jobs imports this module for the lock
+    try:
+        marked = mark_left_jobs(env)
+    except (LaunchError, OSError) as err:
+        print(f"could not check which runs' jobs have left the queue: {err}", file=sys.stderr)
+        return
+    for run in marked:
+        print(f"run {run}: its job left Slurm's queue without ending an attempt; marked ended", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m launch.cluster.idle",
                                 description=__doc__.splitlines()[0])
@@ -207,6 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         env = read_cluster_env(a.cluster_env)
         session = boto3.session.Session(region_name=env.get("AWS_REGION"))
         print(check(session, env, now=time.time()), flush=True)
+        mark_left(env)
     except LaunchError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

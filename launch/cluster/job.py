@@ -125,7 +125,11 @@ def record_attempt(logdir: str, *, job_id: str, attempt: int, max_attempts: int)
 
 
 def mark_ended(logdir: str, job_id: str) -> None:
-    """Notes that job ``job_id`` of the run has ended for good: nothing of it writes the run any more."""
+    """Notes that job ``job_id`` of the run has ended for good: nothing of it writes the run any more.
+    A record of another job of the run (a later submit) is left as it is."""
+    found = read_attempts(logdir)
+    if found is not None and found.get("job_id") not in (None, job_id):
+        return
     entry = _job_attempts(logdir, job_id)
     if os.path.isdir(logdir):
         write_json_atomic(os.path.join(logdir, ATTEMPTS_FILE), {**entry, "ended": True})

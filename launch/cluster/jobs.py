@@ -33,13 +33,17 @@ from infra.instance_types import INSTANCE_TYPES
 from launch import cost
 from launch.aws import LaunchError
 from launch.cluster import capacity, idle, slurm
-from launch.cluster.job import (MIN_STOP_GRACE_S, STOP_GRACE_S, describe_attempts, mark_ended, record_attempt,
-                                stop_grace_problem)
+from launch.cluster.job import (MIN_STOP_GRACE_S, STOP_GRACE_S, cluster_job_writing, describe_attempts,
+                                mark_ended, record_attempt, stop_grace_problem)
 from launch.cluster.node_env import CLUSTER_ENV, read_cluster_env
 from launch.cluster.stage import LUSTRE_COCO_DIR, choose_data, dataset_problem
 from launch.run_names import check_run_name, new_run_name
 
 ACTIVE_STATES = ("PENDING", "RUNNING", "REQUEUED", "CONFIGURING", "COMPLETING", "RESIZING", "SUSPENDED")
+# squeue's states of a job that has left for good (squeue(1), JOB STATE CODES); squeue lists such a
+# job for MinJobAge after its end. Any other state may still start or requeue the job.
+FINAL_STATES = ("COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "BOOT_FAIL", "OUT_OF_MEMORY",
+                "DEADLINE")
 
 
 def _slurm(argv: list[str], *, what: str) -> str:
@@ -80,6 +84,7 @@ def submit(env: dict[str, str], *, run_name: str | None, resume: bool, overrides
     if resume and not logdir.exists():
         raise LaunchError(f"--resume: there is no run named {name} ({logdir} does not exist); "
                           f"`maskrcnn job list` shows the runs")
+    mark_left_jobs(env)
     active = [j for j in queue() if j["name"] == name]
     if active:
         raise LaunchError(f"run {name} is already queued or running as job {active[0]['job_id']} "
@@ -143,6 +148,26 @@ def queue() -> list[dict]:
     return jobs
 
 
+def mark_left_jobs(env: dict[str, str]) -> list[str]:
+    """Marks ended (``attempts.json``) the runs whose job has left Slurm's queue although the file
+    says it may still write the run: a job cancelled while it waited (``scancel`` by hand) never
+    runs the job script, which would have said so, and neither does a job whose batch node was lost
+    before Slurm requeued it. Without this, ``--resume`` of such a run is refused for good. Returns
+    the runs marked. The runs are read before the queue: a job submitted in between is in the queue."""
+    root = logdir_of(env, "x").parent
+    writing = {d: job for d in (sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else [])
+               if (job := cluster_job_writing(str(d))) not in (None, "?")}
+    if not writing:
+        return []
+    queued = {j["job_id"] for j in queue() if j["state"] not in FINAL_STATES}
+    marked = []
+    for logdir, job in writing.items():
+        if job not in queued:
+            mark_ended(str(logdir), job)
+            marked.append(logdir.name)
+    return marked
+
+
 def finished(env: dict[str, str]) -> list[dict]:
     """Finished jobs from Slurm's job-completion log (KEY=VALUE per line), oldest first."""
     log = slurm.layout(env).job_log
@@ -162,6 +187,7 @@ def finished(env: dict[str, str]) -> list[dict]:
 def runs(env: dict[str, str]) -> list[dict]:
     """Every run under <EFS>/logs with its latest job's state and its heartbeat's step."""
     from launch.cluster.job import heartbeat_step
+    mark_left_jobs(env)
     latest: dict[str, dict] = {}
     for job in finished(env) + queue():          # a queued job is newer than any finished one
         latest[job["name"]] = job

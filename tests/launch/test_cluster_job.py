@@ -427,3 +427,13 @@ def test_the_all_reduce_check_says_when_it_does_not_apply(nodes, instance_type, 
     monkeypatch.setenv("PATH", "/nonexistent")
     assert job.check_fabric(nodes=nodes, gpus_per_node=8, instance_type=instance_type, efa=True, program=program)
     assert capsys.readouterr().out == f"all-reduce check skipped: {reason}\n"
+
+
+def test_marking_a_job_ended_leaves_a_later_job_of_the_run_alone(tmp_path):
+    # `job list` marks a job that left the queue ended; by then `submit --resume` may have queued
+    # the run's next job, whose record says it may write the run.
+    job.record_attempt(str(tmp_path), job_id="7", attempt=0, max_attempts=4)
+    job.mark_ended(str(tmp_path), "6")
+    assert job.cluster_job_writing(str(tmp_path)) == "7"
+    job.mark_ended(str(tmp_path), "7")
+    assert job.cluster_job_writing(str(tmp_path)) is None
