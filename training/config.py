@@ -211,7 +211,9 @@ _C.TRAIN.GRADIENT_CLIP = 0.0  # global-norm clip; 0 = off (use ~1.5 for large gl
 _C.TRAIN.LOAD_MODEL = ""
 _C.TRAIN.MIXED_PRECISION = False  # GPU only: float16 compute through the grappler AMP rewrite + loss scaling
 _C.TRAIN.XLA = False              # GPU only: XLA auto-clustering (global_jit_level ON_1)
-_C.TRAIN.GRADIENT_COMPRESSION = "auto"  # Horovod allreduce in fp16: "fp16", "none", "auto" = fp16 across nodes
+# Horovod allreduce in fp16: "fp16", "none", "auto" = fp16 across nodes under MIXED_PRECISION on GPU,
+# where the gradients are still loss-scaled (unscaled fp32 gradients underflow in fp16: training/gradients.py)
+_C.TRAIN.GRADIENT_COMPRESSION = "auto"
 _C.TRAIN.MOMENTUM = 0.9
 _C.TRAIN.LOG_PERIOD = 20          # steps between progress lines (step, losses, images/s, ETA)
 _C.TRAIN.MAX_STEPS = 0            # derived: last step of the LR schedule

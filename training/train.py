@@ -226,8 +226,9 @@ def main(argv=None) -> int:
     if tf.config.list_physical_devices("GPU"):  # lists devices only: creates none, maps nothing
         data = StagingInput(data)  # the next batch's host-to-device copy overlaps this step
     # the model's optimizer allreduces inside loss scaling (training/gradients.py), not the trainer
-    model.allreduce = gradients.horovod_allreduce(
-        compression=gradients.fp16_compression(cfg.TRAIN.GRADIENT_COMPRESSION, size=size, local_size=hvd.local_size()))
+    loss_scaled = cfg.TRAIN.MIXED_PRECISION and bool(tf.config.list_physical_devices("GPU"))  # as the model's optimizer
+    model.allreduce = gradients.horovod_allreduce(compression=gradients.fp16_compression(
+        cfg.TRAIN.GRADIENT_COMPRESSION, size=size, local_size=hvd.local_size(), loss_scaled=loss_scaled))
     trainer = gradients.OptimizerAllreduceTrainer()
     global_batch = cfg.TRAIN.BATCH_SIZE_PER_GPU * size
 
