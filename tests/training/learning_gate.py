@@ -40,7 +40,7 @@ def environment(base: Mapping[str, str]) -> dict[str, str]:
     the figures the bar rests on were measured with these, and with them a run on idle cores repeats
     bit for bit. The GPUs are hidden (CUDA_VISIBLE_DEVICES=""), on a GPU host too: under
     TF_DETERMINISTIC_OPS=1 TensorFlow's GPU kernels raise for ROIAlign's backward pass
-    (CropAndResizeBackpropImage) and FreezeBN's (fused batch norm's gradient with fixed statistics),
+    (CropAndResizeBackpropImage) and FreezeBN's (fused batch norm's gradient w.r.t. its offset),
     so the run would stop at its first step; dropping the flag there instead would make the gate
     non-repeatable and measure it with kernels (cuDNN) its bar was never measured with. The gate's
     model (2 images of 96 px a step) takes about 2 minutes on 2 cores anyway.
