@@ -236,6 +236,10 @@ def main(argv=None) -> int:
         data = StagingInput(data)  # the next batch's host-to-device copy overlaps this step
     # the model's optimizer allreduces inside loss scaling (training/gradients.py), not the trainer
     loss_scaled = cfg.TRAIN.MIXED_PRECISION and bool(tf.config.list_physical_devices("GPU"))  # as the model's optimizer
+    if rank == 0 and cfg.TRAIN.GRADIENT_COMPRESSION == "fp16" and not loss_scaled:
+        print("note: TRAIN.GRADIENT_COMPRESSION='fp16' without loss scaling (mixed precision on GPU): the "
+              "allreduce rounds the fp32 gradients to fp16, flushing those below ~6e-8 to zero; 'auto' "
+              "compresses only loss-scaled gradients", flush=True)
     model.allreduce = gradients.horovod_allreduce(compression=gradients.fp16_compression(
         cfg.TRAIN.GRADIENT_COMPRESSION, size=size, local_size=hvd.local_size(), loss_scaled=loss_scaled))
     trainer = gradients.OptimizerAllreduceTrainer()
