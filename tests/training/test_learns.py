@@ -10,7 +10,7 @@ boxes as masks by BAR_MASK_MARGIN.
 
 The bar and its margins (docs/training.md, "The learning gate"): five seeds (TRAIN.SEED and the
 dataset seed together; this test's is 42 / 0) reached bbox / segm AP50 0.724-0.755 / 0.675-0.721
-(this test's, four runs), 0.639 / 0.608, 0.707 / 0.664, 0.694 / 0.678, 0.672 / 0.637; an untrained
+(this test's, five runs), 0.639 / 0.608, 0.707 / 0.664, 0.694 / 0.678, 0.672 / 0.637; an untrained
 model (LR ~0) 0.003 / 0.000; the model with its Fast R-CNN box regression targets negated
 0.232 / 0.301. With TF_DETERMINISTIC_OPS=1 runs on otherwise idle cores repeat bit for bit; on
 busy cores the order of the in-place weight updates varies and a run drifts as far as another
