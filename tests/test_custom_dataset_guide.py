@@ -53,8 +53,14 @@ def test_the_guide_runs_from_a_dataset_on_disk_to_a_served_model(tmp_path):
     assert out.count("0 error(s), 0 warning(s): usable") == 2, out[-5000:]
     samples = sorted((tmp_path / "data/parts/samples").glob("*.png"))
     assert len(samples) == 4
-    # training evaluated the val split with the AP of each of the dataset's classes
-    final = json.loads((tmp_path / "runs/parts/eval_results.json").read_text())[-1]
+    # the finetune preset sized the schedule to the 64 images (8 passes of 32 steps of 2) and the
+    # run said so at the start, then how long the rest takes
+    assert "plan: 512 images = 8.0 passes over 64 training images; 256 steps of 2 = 8 epochs of 32 steps" in out, out[-5000:]
+    assert re.search(r"^plan: [\d,]+ images left take about [\d.]+ hours at [\d.]+ images/s", out, re.M), out[-5000:]
+    # training evaluated the val split after each pass, with the AP of each of the dataset's classes
+    history = json.loads((tmp_path / "runs/parts/eval_results.json").read_text())
+    assert [e["global_step"] for e in history] == [32 * n for n in range(1, 9)]
+    final = history[-1]
     assert set(final["per_class_AP"]["segm"]) == {"hexagon", "star", "cross"}
     # predict drew the first 4 val images, at their size
     drawn = sorted(p.name for p in (tmp_path / "runs/parts/drawn").iterdir())

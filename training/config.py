@@ -201,6 +201,10 @@ _C.TRAIN.STEPS_PER_EPOCH = 0  # derived: IMAGES_PER_EPOCH / global batch
 # "Nx" (N >= 2) = [180N - 120, 180N - 40, 180N] thousand. The default is "2x" = [240000, 320000, 360000].
 _C.TRAIN.LR_SCHEDULE = "2x"
 _C.TRAIN.LR_EPOCH_SCHEDULE = []  # [(epoch, lr_multiplier), ..., (last_epoch, None)]; overrides LR_SCHEDULE
+# > 0: a schedule sized to the training data, for fine-tuning (the finetune preset: 8): an epoch is one
+# pass over the training images, this many passes, LR x0.1 for the last eighth, warmup at most one pass;
+# sets IMAGES_PER_EPOCH, LR_EPOCH_SCHEDULE and WARMUP in finalize (training/schedule.py)
+_C.TRAIN.DATASET_PASSES = 0
 _C.TRAIN.EVAL_PERIOD = 1      # epochs between COCO evaluations (0 = only at the end)
 _C.TRAIN.CHECKPOINT_PERIOD = 1  # epochs between checkpoints
 _C.TRAIN.CHECKPOINT_MINUTES = 30  # also a checkpoint once this many minutes passed since the last one (0 = off)
@@ -211,7 +215,9 @@ _C.TRAIN.GRADIENT_CLIP = 0.0  # global-norm clip; 0 = off (use ~1.5 for large gl
 _C.TRAIN.LOAD_MODEL = ""
 _C.TRAIN.MIXED_PRECISION = False  # GPU only: float16 compute through the grappler AMP rewrite + loss scaling
 _C.TRAIN.XLA = False              # GPU only: XLA auto-clustering (global_jit_level ON_1)
-_C.TRAIN.GRADIENT_COMPRESSION = "auto"  # Horovod allreduce in fp16: "fp16", "none", "auto" = fp16 across nodes
+# Horovod allreduce in fp16: "fp16", "none", "auto" = fp16 across nodes under MIXED_PRECISION on GPU,
+# where the gradients are still loss-scaled (unscaled fp32 gradients underflow in fp16: training/gradients.py)
+_C.TRAIN.GRADIENT_COMPRESSION = "auto"
 _C.TRAIN.MOMENTUM = 0.9
 _C.TRAIN.LOG_PERIOD = 20          # steps between progress lines (step, losses, images/s, ETA)
 _C.TRAIN.MAX_STEPS = 0            # derived: last step of the LR schedule
@@ -327,21 +333,24 @@ def _gpu_available() -> bool:
 
 
 def finalize(cfg: AttrDict, *, num_ranks: int, class_names: list[str] | None = None,
-             has_gpu: bool | None = None) -> AttrDict:
+             has_gpu: bool | None = None, num_train_images: int | None = None) -> AttrDict:
     """Validate ``cfg``, derive the values marked "derived" above, and freeze it.
 
     ``num_ranks`` is the Horovod size; ``class_names`` (``["BG", ...]``) comes from the training
-    annotations. Raises ``ConfigError`` naming the bad key and what is allowed.
+    annotations, ``num_train_images`` from the training records (the schedule of
+    ``TRAIN.DATASET_PASSES``; without it, e.g. a finished run's config.json, the schedule keys are
+    used as they are). Raises ``ConfigError`` naming the bad key and what is allowed.
     """
     cfg.freeze(False)
     try:
-        _finalize(cfg, num_ranks=num_ranks, class_names=class_names, has_gpu=has_gpu)
+        _finalize(cfg, num_ranks=num_ranks, class_names=class_names, has_gpu=has_gpu,
+                  num_train_images=num_train_images)
     finally:
         cfg.freeze()
     return cfg
 
 
-def _finalize(cfg: AttrDict, *, num_ranks: int, class_names, has_gpu) -> None:
+def _finalize(cfg: AttrDict, *, num_ranks: int, class_names, has_gpu, num_train_images=None) -> None:
     _require(_is_int(num_ranks) and num_ranks >= 1, f"num_ranks must be >= 1, got {num_ranks!r}")
     for key in ("MODE_MASK", "MODE_FPN", "PREPROC.HORIZONTAL_FLIP", "TRAIN.MIXED_PRECISION", "TRAIN.XLA"):
         _require(isinstance(cfg.get(key), bool), f"{key} must be True or False, got {cfg.get(key)!r}")
@@ -464,6 +473,15 @@ def _finalize(cfg: AttrDict, *, num_ranks: int, class_names, has_gpu) -> None:
              f"TRAIN.BATCH_SIZE_PER_GPU (batch_size_per_gpu) must be an integer >= 1 (1 to 4 on a 16 GB GPU), got {bs!r}")
     cfg.TRAIN.NUM_GPUS = num_ranks
     global_batch = bs * num_ranks
+    passes = cfg.TRAIN.DATASET_PASSES
+    _require(_is_int(passes) and passes >= 0,
+             f"TRAIN.DATASET_PASSES must be an integer >= 0 (passes over the training images; 0: the schedule "
+             f"keys as set), got {passes!r}")
+    if passes and num_train_images is not None:
+        _require(_is_int(num_train_images) and num_train_images >= 1,
+                 f"TRAIN.DATASET_PASSES needs training images, got {num_train_images!r}")
+        from training import schedule
+        schedule.fit_to_dataset(cfg, num_images=num_train_images, global_batch=global_batch)
     ipe = cfg.TRAIN.IMAGES_PER_EPOCH
     _require(_is_int(ipe) and ipe >= 1, f"TRAIN.IMAGES_PER_EPOCH must be a positive integer, got {ipe!r}")
     cfg.TRAIN.STEPS_PER_EPOCH = max(1, -(-ipe // global_batch))

@@ -129,6 +129,22 @@ def evaluate_with_classes(coco_gt, detections: Sequence[dict], iou_types: Sequen
     return results, per_class
 
 
+def with_filled_box_masks(coco_gt, detections: Sequence[dict]) -> list[dict]:
+    """``detections`` with each mask replaced by its box, filled: what a mask head that paints the
+    whole box would output. Scored as segm, it is the floor a real mask head has to beat
+    (tests/training/test_learns.py): on compact shapes a filled box alone overlaps the object enough
+    to pass IoU 0.5 for many of them. The rectangle is rasterised by pycocotools (``frPyObjects`` of
+    an [x, y, w, h] box), at the image's size from the ground truth."""
+    gt = _as_coco(coco_gt)
+    filled = []
+    for d in detections:
+        image = gt.imgs[d["image_id"]]
+        rle = mask_utils.frPyObjects(np.array([d["bbox"]], np.float64), image["height"], image["width"])[0]
+        filled.append({**d, "segmentation": {"size": [int(v) for v in rle["size"]],
+                                             "counts": rle["counts"].decode("ascii")}})
+    return filled
+
+
 def per_class_ap(coco_eval: COCOeval) -> dict[str, float]:
     """AP at IoU=0.50:0.95 of each category (by name, in category id order) of an accumulated COCOeval.
 

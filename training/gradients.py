@@ -22,9 +22,16 @@ from typing import Callable
 from tensorpack.train import HorovodTrainer
 
 
-def fp16_compression(setting: str, *, size: int, local_size: int) -> bool:
-    """``TRAIN.GRADIENT_COMPRESSION``: "fp16", "none", or "auto" = fp16 when the ranks span nodes."""
-    return setting == "fp16" or (setting == "auto" and size > local_size)
+def fp16_compression(setting: str, *, size: int, local_size: int, loss_scaled: bool) -> bool:
+    """``TRAIN.GRADIENT_COMPRESSION``: "fp16", "none", or "auto" = fp16 when the ranks span nodes and
+    the gradients are loss-scaled (mixed precision on GPU).
+
+    Without a loss scale the allreduce carries the true fp32 gradients, and casting them to float16
+    flushes those below its smallest subnormal (~6e-8) to 0 and keeps only a few bits of those just
+    above, with no scaler to notice. "auto" only compresses where the loss scale (2^15 at the start,
+    lowered on overflow) lifts them into float16's range; "fp16" compresses whatever the precision.
+    """
+    return setting == "fp16" or (setting == "auto" and size > local_size and loss_scaled)
 
 
 def horovod_allreduce(*, compression: bool) -> Callable:

@@ -31,17 +31,23 @@ def parse_args(argv=None):
     p.add_argument("--logdir", required=True, help="checkpoints, events, logs; resumed from when it has a checkpoint")
     p.add_argument("--config", nargs="*", default=[], metavar="KEY=VALUE",
                    help="config overrides (see training/config.py), values as Python literals")
-    p.add_argument("--preset", default="", help="a module in training/configs whose OVERRIDES apply first "
-                                                "(e.g. cpu_synthetic)")
+    p.add_argument("--preset", default="", help="modules in training/configs whose OVERRIDES apply first, in "
+                                                "order, comma-separated (e.g. cpu_synthetic or cpu_synthetic,finetune)")
     return p.parse_args(argv)
 
 
 def build_config(overrides, *, preset: str = ""):
-    from training.config import new_config
+    """Defaults, then each preset's OVERRIDES in order ("cpu_synthetic,finetune"), then ``overrides``."""
+    import importlib
+    from training.config import ConfigError, new_config
     cfg = new_config()
-    if preset:
-        import importlib
-        cfg.update_args(importlib.import_module(f"training.configs.{preset}").OVERRIDES)
+    for name in filter(None, (n.strip() for n in preset.split(","))):
+        try:
+            module = importlib.import_module(f"training.configs.{name}")
+        except ModuleNotFoundError:
+            raise ConfigError(f"--preset: no preset {name!r}; presets are the modules of training/configs "
+                              f"(e.g. cpu_synthetic, finetune)") from None
+        cfg.update_args(module.OVERRIDES)
     cfg.update_args(overrides)
     return cfg
 
@@ -128,6 +134,7 @@ def main(argv=None) -> int:
     from training.config import ConfigError, finalize
     from training.data.coco import DatasetError
     from training.data.pipeline import TrainingBatches
+    from training.planned_time import PlannedTime
     from training.resume import RESUMED_FROM, plan as plan_resume, resumed_from, set_global_step
     from training.model.generalized_rcnn import MaskRCNN
 
@@ -142,7 +149,7 @@ def main(argv=None) -> int:
     try:
         cfg = build_config(args.config, preset=args.preset)
         train_split, roidb, val_split = load_data(cfg, validate_files=rank == 0)
-        finalize(cfg, num_ranks=size, class_names=train_split.class_names)
+        finalize(cfg, num_ranks=size, class_names=train_split.class_names, num_train_images=len(roidb))
         if rank == 0:  # the checkpoint, and the global batch its step counts (config.json)
             resume = plan_resume(logdir, cfg)
         load_model = resolve_weights(cfg.TRAIN.LOAD_MODEL, cfg.DATA.BASEDIR, "TRAIN.LOAD_MODEL (load_model)")
@@ -192,6 +199,8 @@ def main(argv=None) -> int:
               f"{len(roidb)} training images; {cfg.TRAIN.MAX_STEPS} steps = {cfg.TRAIN.MAX_EPOCH} epochs of {spe}"
               f"{_last_epoch_note(cfg.TRAIN.MAX_STEPS, spe)}; "
               f"LR {cfg.TRAIN.SCALED_LR:g}" + (f"; {resume.message}" if resume else ""), flush=True)
+        from training import schedule
+        print(schedule.plan(cfg, num_images=len(roidb)), flush=True)
         from training.model.weights import from_scratch_warning
         if not resume and (warning := from_scratch_warning(cfg)):  # a new run: not again at each resume
             print(warning, flush=True)
@@ -227,8 +236,13 @@ def main(argv=None) -> int:
     if tf.config.list_physical_devices("GPU"):  # lists devices only: creates none, maps nothing
         data = StagingInput(data)  # the next batch's host-to-device copy overlaps this step
     # the model's optimizer allreduces inside loss scaling (training/gradients.py), not the trainer
-    model.allreduce = gradients.horovod_allreduce(
-        compression=gradients.fp16_compression(cfg.TRAIN.GRADIENT_COMPRESSION, size=size, local_size=hvd.local_size()))
+    loss_scaled = cfg.TRAIN.MIXED_PRECISION and bool(tf.config.list_physical_devices("GPU"))  # as the model's optimizer
+    if rank == 0 and cfg.TRAIN.GRADIENT_COMPRESSION == "fp16" and not loss_scaled:
+        print("note: TRAIN.GRADIENT_COMPRESSION='fp16' without loss scaling (mixed precision on GPU): the "
+              "allreduce rounds the fp32 gradients to fp16, flushing those below ~6e-8 to zero; 'auto' "
+              "compresses only loss-scaled gradients", flush=True)
+    model.allreduce = gradients.horovod_allreduce(compression=gradients.fp16_compression(
+        cfg.TRAIN.GRADIENT_COMPRESSION, size=size, local_size=hvd.local_size(), loss_scaled=loss_scaled))
     trainer = gradients.OptimizerAllreduceTrainer()
     global_batch = cfg.TRAIN.BATCH_SIZE_PER_GPU * size
 
@@ -244,6 +258,7 @@ def main(argv=None) -> int:
                           max_steps=cfg.TRAIN.MAX_STEPS, steps_per_epoch=spe),
         checkpoints,
         cb.Heartbeat(logdir, steps_per_epoch=spe),
+        PlannedTime(global_batch=global_batch, max_steps=cfg.TRAIN.MAX_STEPS),
     ]
     if val_split is not None:  # without it no predict tower is built either
         callbacks.append(cb.COCOEvaluator(cfg, val_split, logdir=logdir if rank == 0 else None, rank=rank, size=size))

@@ -216,3 +216,34 @@ def test_ap_per_class_of_an_image_subset_and_of_no_detections():
     results, per_class = evaluation.evaluate_with_classes(gt, [], ("bbox",))
     assert per_class == {"bbox": {"cat": 0.0, "dog": 0.0, "fox": 0.0, "owl": 0.0}}
     assert set(results.values()) == {0.0}
+
+
+# ------------------------------------------------------------------------- filled-box masks
+def test_filled_box_masks_score_what_a_box_covers_of_each_shape():
+    """One 120x160 image: a 40x40 square (category 1) and a plus sign in a 48x48 box (category 2),
+    two 12 px wide bars: 2 * 48 * 12 - 12 * 12 = 1008 px. With the true masks both detections match
+    (segm AP50 1.0). With filled boxes the square still matches (IoU 1), the plus does not
+    (IoU 1008 / 2304 = 0.4375 < 0.5): segm AP50 (1.0 + 0.0) / 2 = 0.5; the boxes are untouched."""
+    from pycocotools import mask as mask_utils
+    from pycocotools.coco import COCO
+    square = _rect_mask(10, 10, 40, 40)
+    plus = np.maximum(_rect_mask(60, 58, 48, 12), _rect_mask(78, 40, 12, 48))
+    assert plus.sum() == 1008
+    gt = COCO()
+    gt.dataset = {
+        "images": [{"id": 1, "width": 160, "height": 120, "file_name": "1.png"}],
+        "categories": [{"id": 1, "name": "square"}, {"id": 2, "name": "plus"}],
+        "annotations": [{"id": 1, "image_id": 1, "category_id": 1, "bbox": [10, 10, 40, 40], "area": 1600,
+                         "iscrowd": 0, "segmentation": _rle(square)},
+                        {"id": 2, "image_id": 1, "category_id": 2, "bbox": [60, 40, 48, 48], "area": 1008,
+                         "iscrowd": 0, "segmentation": _rle(plus)}]}
+    gt.createIndex()
+    detections = [{"image_id": 1, "category_id": 1, "bbox": [10, 10, 40, 40], "score": 0.9, "segmentation": _rle(square)},
+                  {"image_id": 1, "category_id": 2, "bbox": [60, 40, 48, 48], "score": 0.8, "segmentation": _rle(plus)}]
+    filled = evaluation.with_filled_box_masks(gt, detections)
+    decoded = [mask_utils.decode({**d["segmentation"], "counts": d["segmentation"]["counts"].encode()}) for d in filled]
+    assert (decoded[0] == square).all() and (decoded[1] == _rect_mask(60, 40, 48, 48)).all()
+    assert [d["bbox"] for d in filled] == [d["bbox"] for d in detections]
+    assert detections[1]["segmentation"] == _rle(plus)      # the input is left as it was
+    assert evaluation.evaluate(gt, detections, ("segm",))["mAP(segm)/IoU=0.5"] == pytest.approx(1.0)
+    assert evaluation.evaluate(gt, filled, ("segm",))["mAP(segm)/IoU=0.5"] == pytest.approx(0.5)

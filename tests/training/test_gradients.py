@@ -43,11 +43,17 @@ def test_fp16_allreduce_happens_inside_loss_scaling():
         assert r["after"] == 0                         # lost: reduced in float16 after unscaling
 
 
-@pytest.mark.parametrize("setting, size, local_size, expected", [
-    ("auto", 8, 8, False), ("auto", 16, 8, True), ("fp16", 1, 1, True), ("none", 16, 8, False)])
-def test_compression_setting(setting, size, local_size, expected):
+@pytest.mark.parametrize("setting, size, local_size, loss_scaled, expected", [
+    ("auto", 8, 8, True, False),     # one node: nothing to save on the network
+    ("auto", 16, 8, True, True),     # across nodes, the gradients loss-scaled (AMP on GPU)
+    ("auto", 16, 8, False, False),   # across nodes in fp32: unscaled gradients would underflow in fp16
+    ("fp16", 1, 1, False, True),     # asked for explicitly: always
+    ("fp16", 16, 8, False, True),
+    ("none", 16, 8, True, False)])
+def test_compression_setting(setting, size, local_size, loss_scaled, expected):
     from training.gradients import fp16_compression
-    assert fp16_compression(setting, size=size, local_size=local_size) is expected
+    assert fp16_compression(setting, size=size, local_size=local_size, loss_scaled=loss_scaled) is expected
+
 
 
 def test_the_trainer_leaves_the_allreduce_to_the_optimizer():
