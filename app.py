@@ -8,6 +8,7 @@ message naming the key, before any construct exists.
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 from dataclasses import dataclass
 
@@ -43,13 +44,23 @@ def read_config(app: cdk.App) -> AppConfig:
     return dataclasses.replace(resolved.config, image_build=mode)
 
 
-def build(app: cdk.App) -> Stacks:
-    """Adds the three stacks to `app`; raises ConfigError on bad context before adding any."""
+def deploy_environment() -> cdk.Environment | None:
+    """The account and region the CDK CLI found for the credentials (it sets CDK_DEFAULT_ACCOUNT
+    and CDK_DEFAULT_REGION), or None without credentials: then the stacks are environment-agnostic
+    and synth needs no AWS. With them, lookups (the cluster's AMI, the VPC's zones) are made once
+    and kept in cdk.context.json."""
+    account, region = os.environ.get("CDK_DEFAULT_ACCOUNT"), os.environ.get("CDK_DEFAULT_REGION")
+    return cdk.Environment(account=account, region=region) if account and region else None
+
+
+def build(app: cdk.App, env: cdk.Environment | None = None) -> Stacks:
+    """Adds the three stacks to `app` (all in `env`: stacks that reference each other share one);
+    raises ConfigError on bad context before adding any."""
     config = read_config(app)
     # Construct ids stay fixed (`cdk deploy EfsClusterStack -c name_prefix=...` selects by them);
     # the CloudFormation names carry the prefix, and with them every name derived from them.
     shared = NetworkStorageStack(
-        app, outputs.NETWORK_STORAGE_STACK, tags=PROJECT_TAGS,
+        app, outputs.NETWORK_STORAGE_STACK, tags=PROJECT_TAGS, env=env,
         stack_name=config.stack_name(outputs.NETWORK_STORAGE_STACK),
         existing_file_system_id=config.existing_file_system_id,
         efs_throughput_mode=config.efs_throughput_mode,
@@ -61,10 +72,10 @@ def build(app: cdk.App) -> Stacks:
         image_build=config.image_build)
     stacks = Stacks(
         shared=shared,
-        efs_cluster=EfsClusterStack(app, outputs.EFS_CLUSTER_STACK, tags=PROJECT_TAGS,
+        efs_cluster=EfsClusterStack(app, outputs.EFS_CLUSTER_STACK, tags=PROJECT_TAGS, env=env,
                                     stack_name=config.stack_name(outputs.EFS_CLUSTER_STACK),
                                     shared=shared, config=config),
-        sagemaker=SageMakerStack(app, outputs.SAGEMAKER_STACK, tags=PROJECT_TAGS,
+        sagemaker=SageMakerStack(app, outputs.SAGEMAKER_STACK, tags=PROJECT_TAGS, env=env,
                                  stack_name=config.stack_name(outputs.SAGEMAKER_STACK),
                                  shared=shared, config=config),
     )
@@ -76,7 +87,7 @@ def build(app: cdk.App) -> Stacks:
 def main() -> int:
     app = cdk.App()
     try:
-        build(app)
+        build(app, env=deploy_environment())
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -108,15 +108,15 @@ SETTINGS: dict[str, Setting] = {
     "notebook_volume_size_gib": Setting(50, (
         "Notebook storage volume, GiB (5 to 16384).")),
     "dlami_ssm_parameter": Setting('/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id', (
-        "Public SSM parameter holding the cluster's AMI id (resolved by CloudFormation at "
-        "deploy time, not at synth); must be a known AMI family (infra/instance_types.py).")),
+        "Public SSM parameter holding the cluster's AMI id, read at the first deploy and kept "
+        "in cdk.context.json (docs/infra.md, \"The cluster's AMI\"); must be a known AMI family "
+        "(infra/instance_types.py).")),
     "notification_email": Setting(None, (
         "Email address subscribed to the alerts topic (node launch/terminate failures, EFS "
         "burst credits). null: the topic exists without a subscription.")),
     "ami_id": Setting(None, (
-        "Pin the cluster's AMI (ami-...) of the dlami_ssm_parameter family, e.g. the "
-        "ClusterAmiId output of the first deploy, so replacement nodes run the same drivers. "
-        "null: the parameter's latest AMI at each deploy.")),
+        "The cluster's AMI (ami-...) of the dlami_ssm_parameter family, over the one kept in "
+        "cdk.context.json. null: the parameter's AMI as the first deploy read it.")),
     "name_prefix": Setting(None, (
         "Prefix of the stack names (and the group, secret and export names derived from them), "
         "for several deployments per account and region, e.g. team-a. null: plain names.")),
@@ -499,7 +499,7 @@ _PARSERS: dict[str, Callable[[str, Any], Any]] = {
         _EMAIL, "an email address for the alerts topic, or unset for no subscription", True),
     "ami_id": _matching(
         _AMI_ID, "an AMI id (ami- and 17 or 8 lowercase hex characters) of the family "
-        "dlami_ssm_parameter names, or unset to use the parameter's latest AMI", True),
+        "dlami_ssm_parameter names, or unset to use the parameter's AMI kept at the first deploy", True),
     "name_prefix": _matching(
         _NAME_PREFIX, "up to 24 letters, digits and hyphens, starting with a letter and not "
         "ending with a hyphen (e.g. team-a), or unset for the plain stack names", True),

@@ -27,7 +27,7 @@ NETWORK_STORAGE_STACK = "NetworkStorageStack"
 
 # EfsClusterStack: the master's Elastic IP (public) address.
 MASTER_ADDRESS = "MasterAddress"
-# EfsClusterStack: the AMI id the nodes run (the SSM parameter's value at deploy, or the pinned id).
+# EfsClusterStack: the AMI id the nodes run (the one cdk.context.json keeps, or ami_id; offline, the SSM parameter).
 CLUSTER_AMI_ID = "ClusterAmiId"
 
 # Both training stacks: the console URL of the deployment's CloudWatch dashboard.

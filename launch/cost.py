@@ -17,6 +17,20 @@ from pathlib import Path
 from infra.instance_types import INSTANCE_TYPES, SAGEMAKER_PRICES
 
 PRICE_BASIS = "on-demand list price in us-east-1; other regions differ by up to ~30%"
+# AWS's own price pages: where a type missing from the table is priced (no figure is guessed here).
+PRICING_PAGES = {"sagemaker": "https://aws.amazon.com/sagemaker/pricing/",
+                 "ec2": "https://aws.amazon.com/ec2/pricing/on-demand/"}
+
+
+def pricing_page(instance_type: str) -> str:
+    return PRICING_PAGES["sagemaker" if instance_type.startswith("ml.") else "ec2"]
+
+
+def no_price(instance_type: str) -> str:
+    """Why there is no figure, and where AWS publishes one."""
+    return (f"no price recorded for {instance_type} in infra/instance_types.py; its on-demand price: "
+            f"{pricing_page(instance_type)} (add it to the table, with the date it was read, for an "
+            f"estimate)")
 
 
 def price_per_hour(instance_type: str) -> float | None:
@@ -47,8 +61,7 @@ class CostEstimate:
     def line(self) -> str:
         what = f"{self.instances} x {self.instance_type} x {self.hours:.2f} h"
         if self.usd is None:
-            return (f"estimated cost: no price recorded for {self.instance_type} ({what}; add its "
-                    f"price to infra/instance_types.py for an estimate)")
+            return f"estimated cost: {no_price(self.instance_type)} ({what})"
         return (f"estimated cost: ${self.usd:.2f} = {what} x ${self.price_per_hour:g}/h "
                 f"({PRICE_BASIS})")
 
@@ -86,8 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         what = "cluster (master and workers, while they run)"
     result = estimate(instance_type, instances, a.hours * 3600)
     if result.usd is None:
-        print(f"error: no price recorded for {instance_type}: add it to infra/instance_types.py",
-              file=sys.stderr)
+        print(f"error: {no_price(instance_type)}", file=sys.stderr)
         return 2
     if a.json:
         print(json.dumps({"what": what, "instance_type": instance_type, "instances": instances,

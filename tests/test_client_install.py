@@ -1,8 +1,13 @@
 """The client install as a new user makes it: the README's client block ("Deploy, train, monitor,
-tear down") run by bash, as written, in a copy of the project with the machine's own python3 (no
-root, no trainer), then the commands it promises: `npx cdk synth` through the real CDK CLI that
-`npm ci` put in node_modules, on the Node.js the install brought, `maskrcnn --help`, `--version`,
-each command's `--help` and the offline ones. The trainer is not importable there."""
+tear down") run by bash, as written, in a copy of the project (no root, no trainer), then the
+commands it promises: `npx cdk synth` through the real CDK CLI that `npm ci` put in node_modules, on
+the Node.js the install brought, `maskrcnn --help`, `--version`, each command's `--help` and the
+offline ones. The trainer is not importable there.
+
+It runs on the lowest and the highest Python the README promises (its `python3` is that
+interpreter): every pinned client dependency must install there from the registry. The full
+install (scripts/install.sh) and the rest of the suite run on the machine's own Python (3.11 here),
+so the middle of the range is covered there."""
 from __future__ import annotations
 
 import json
@@ -17,9 +22,13 @@ from pathlib import Path
 import pytest
 
 from launch.cli import COMMANDS
+from machine import python_interpreter, require
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TRAINER = ("tensorflow", "tensorpack", "horovod", "cv2", "pycocotools")
+
+# The ends of the range the README and docs/infra.md state ("Python 3.10 to 3.13").
+SUPPORTED_PYTHONS = ("3.10", "3.13")
 
 pytestmark = pytest.mark.slow
 
@@ -44,10 +53,9 @@ def _user_env() -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def client(tmp_path_factory):
-    """A copy of the project (its files as git sees them, without .venv or node_modules) with the
-    README's client install done in it; returns a function that runs a command in the activated venv."""
-    project = tmp_path_factory.mktemp("laptop") / "maskrcnn-on-aws"
+def project_files(tmp_path_factory) -> Path:
+    """The project's files as git sees them (without .venv or node_modules), copied once."""
+    project = tmp_path_factory.mktemp("checkout") / "maskrcnn-on-aws"
     files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
                            cwd=REPO_ROOT, capture_output=True, check=True).stdout.decode().split("\0")
     for name in filter(None, files):
@@ -55,7 +63,23 @@ def client(tmp_path_factory):
         if source.is_file() and not source.is_symlink():
             (project / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source, project / name)
+    return project
+
+
+@pytest.fixture(scope="module", params=SUPPORTED_PYTHONS, ids=lambda version: f"python{version}")
+def client(request, project_files, tmp_path_factory):
+    """A copy of the project with the README's client install done in it by a user whose `python3`
+    is Python ``request.param``; returns a function that runs a command in the activated venv."""
+    interpreter, missing = python_interpreter(request.param)
+    require(missing)   # in CI a missing end of the range fails, never skips
+    laptop = tmp_path_factory.mktemp(f"laptop-python{request.param}")
+    project = laptop / "maskrcnn-on-aws"
+    shutil.copytree(project_files, project)
+    user_bin = laptop / "bin"
+    user_bin.mkdir()
+    (user_bin / "python3").symlink_to(interpreter)
     env = _user_env()
+    env["PATH"] = os.pathsep.join([str(user_bin), env["PATH"]])
     install = subprocess.run(["bash", "-euo", "pipefail", "-c", client_block()], cwd=project, env=env,
                              capture_output=True, text=True, timeout=1800)
     assert install.returncode == 0, install.stdout[-3000:] + install.stderr[-5000:]
@@ -65,11 +89,22 @@ def client(tmp_path_factory):
                               env=env, capture_output=True, text=True, timeout=timeout)
 
     run.project = project
+    run.python = request.param
     return run
+
+
+def test_the_ends_tested_are_the_range_the_docs_state():
+    lowest, highest = SUPPORTED_PYTHONS
+    stated = f"Python {lowest} to {highest}"
+    assert stated in (REPO_ROOT / "README.md").read_text()
+    assert stated in (REPO_ROOT / "docs" / "infra.md").read_text()
+    assert f'requires-python = ">={lowest}"' in (REPO_ROOT / "pyproject.toml").read_text()
 
 
 def test_the_readme_client_block_installs_into_a_venv_of_the_project(client):
     assert (client.project / ".venv" / "pyvenv.cfg").is_file()
+    version = client("python -c 'import sys; print(*sys.version_info[:2], sep=\".\")'")
+    assert version.stdout.strip() == client.python, version
     assert (client.project / "node_modules" / "aws-cdk" / "package.json").is_file()
 
 

@@ -27,3 +27,19 @@ def test_a_missing_requirement_skips_outside_ci_and_fails_in_ci(tmp_path, ci, ou
     assert outcome in run.stdout, run.stdout[-2000:]
     if ci:
         assert "needs a tool this machine lacks: CI runs as root" in run.stdout
+
+
+def test_python_interpreter_finds_a_working_build_or_says_what_is_missing():
+    import subprocess
+    import sys
+
+    from machine import python_interpreter
+
+    running = f"{sys.version_info.major}.{sys.version_info.minor}"
+    found, missing = python_interpreter(running)
+    assert missing is None
+    version = subprocess.run([str(found), "-c", "import sys; print(sys.version_info[:2])"],
+                             capture_output=True, text=True, check=True).stdout
+    assert version.strip() == str(tuple(sys.version_info[:2]))
+    found, missing = python_interpreter("3.99")
+    assert found is None and missing.startswith("Python 3.99 is not installed")

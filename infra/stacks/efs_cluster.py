@@ -2,7 +2,7 @@
 EFS, running the training image; one command on the master starts training (launch/)."""
 from __future__ import annotations
 
-from aws_cdk import Aws, CfnOutput, Fn, Stack
+from aws_cdk import Aws, CfnOutput, Fn, Stack, Token
 from constructs import Construct
 
 from infra import outputs
@@ -24,8 +24,12 @@ class EfsClusterStack(Stack):
                          "(Deep Learning AMI, EFS at /efs, training image)", **kwargs)
         vpc = shared.network.vpc
         image = shared.training_image or TrainingImage(self, "TrainingImage")
-        machine_image = cluster_machine_image(ssm_parameter=config.dlami_ssm_parameter,
-                                              ami_id=config.ami_id)
+        # With an account and region (a synth with credentials) the AMI is looked up once and kept
+        # in cdk.context.json; offline the template reads the parameter at each deploy.
+        environment_known = not (Token.is_unresolved(self.account) or Token.is_unresolved(self.region))
+        machine_image = cluster_machine_image(self, ssm_parameter=config.dlami_ssm_parameter,
+                                                    ami_id=config.ami_id,
+                                                    cached_in_context=environment_known)
         self.cluster = GpuCluster(
             self, "Cluster",
             vpc=vpc,
@@ -86,8 +90,8 @@ class EfsClusterStack(Stack):
         CfnOutput(self, outputs.CONNECT_COMMAND, value=connect,
                   description="Opens a shell on the master")
         CfnOutput(self, outputs.CLUSTER_AMI_ID, value=machine_image.get_image(self).image_id,
-                  description="AMI of the cluster nodes; pin it (maskrcnn settings set "
-                              "ami_id=...) so that replacement nodes run the same drivers")
+                  description="AMI of the cluster nodes (kept in cdk.context.json, or the "
+                              "ami_id setting): replacement nodes run the same drivers")
         CfnOutput(self, outputs.MASTER_ASG_NAME, value=self.cluster.master_group_name)
         CfnOutput(self, outputs.WORKER_ASG_NAME, value=self.cluster.worker_group_name)
         add_shared_outputs(self, shared=shared, image=image)

@@ -6,7 +6,7 @@ deploys dependencies), so each works on its own; deploying both shares one VPC a
 """
 from __future__ import annotations
 
-from aws_cdk import CfnOutput, Fn, Stack
+from aws_cdk import CfnOutput, Fn, Stack, Token
 from constructs import Construct
 
 from infra import outputs
@@ -37,9 +37,11 @@ class NetworkStorageStack(Stack):
         self.log_bucket = LogBucket(self, "LogBucket")
         self.network = Network(self, "Network", flow_log_bucket=self.log_bucket.bucket,
                                availability_zones=availability_zones)
-        if availability_zones:
+        zones_looked_up = not (Token.is_unresolved(self.account) or Token.is_unresolved(self.region))
+        if availability_zones or zones_looked_up:
             # cfn-lint's W3010 warns on zone names written into a template; naming them is what
-            # the user asked for (where their instance type is offered or reserved).
+            # the user asked for (where their instance type is offered or reserved), or CDK's
+            # zone lookup, kept in cdk.context.json, wrote them (a stack bound to an account).
             metadata = self.template_options.metadata or {}
             self.template_options.metadata = {**metadata, "cfn-lint": {"config": {
                 "ignore_checks": ["W3010"]}}}

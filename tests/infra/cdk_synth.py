@@ -40,6 +40,32 @@ SSH_CONTEXT = {
 }
 
 
+# A deploy with credentials: the account and region the CDK CLI passes the app, and the values of
+# its lookups as the CLI passes them back from cdk.context.json (keys as CDK writes them there:
+# `<provider>:<prop>=<value>:...`, props sorted by name). The AMI is the default
+# dlami_ssm_parameter's value, an id of the right shape.
+DEPLOY_ACCOUNT, DEPLOY_REGION = "123456789012", "eu-west-1"
+
+
+def deploy_environment():
+    import aws_cdk as cdk
+    return cdk.Environment(account=DEPLOY_ACCOUNT, region=DEPLOY_REGION)
+
+
+def ami_lookup_key(parameter: str) -> str:
+    return f"ssm:account={DEPLOY_ACCOUNT}:parameterName={parameter}:region={DEPLOY_REGION}"
+
+
+ZONES_LOOKUP_KEY = f"availability-zones:account={DEPLOY_ACCOUNT}:region={DEPLOY_REGION}"
+
+
+def recorded_lookups() -> dict[str, Any]:
+    """cdk.context.json after the first deploy with the default settings."""
+    from infra.config import SETTINGS
+    return {ami_lookup_key(SETTINGS["dlami_ssm_parameter"].default): "ami-0fedcba9876543210",
+            ZONES_LOOKUP_KEY: ["eu-west-1a", "eu-west-1b", "eu-west-1c"]}
+
+
 def cdk_json_context() -> dict[str, Any]:
     """cdk.json's context, as the CDK CLI passes it (aws_cdk.App() does not read cdk.json)."""
     return json.loads((REPO_ROOT / "cdk.json").read_text())["context"]
@@ -64,6 +90,7 @@ class Synthesized:
     templates: dict[str, dict]      # stack id (as `cdk deploy` takes it) -> template
     stack_names: dict[str, str]     # stack id -> CloudFormation stack name (with name_prefix)
     stacks: Any                     # app.Stacks
+    missing_context: dict[str, str]  # context keys the CLI would look up (key -> provider)
 
     def template(self, stack_name: str):
         from aws_cdk.assertions import Template
@@ -76,11 +103,13 @@ class Synthesized:
 
 
 def synthesize(tmp_dir: Path, overrides: dict[str, Any] | None = None, *,
-               settings_file: Path | None = None) -> Synthesized:
+               settings_file: Path | None = None, env: Any = None) -> Synthesized:
     """Synthesizes the real app as `cdk synth -c key=value ...` would with `overrides` as the
     -c flags, reading `settings_file` in place of the repository's settings.json, and never the
     developer's own. Like the default settings.json, `settings_file` may not exist yet: then the
-    defaults (a file named with -c settings_file must exist, so "none" is passed)."""
+    defaults (a file named with -c settings_file must exist, so "none" is passed). ``env``: the
+    stacks' account and region (a `cdk.Environment`), as app.py sets them when the CLI has
+    credentials; None, as offline."""
     import aws_cdk as cdk
 
     from infra import settings
@@ -93,7 +122,7 @@ def synthesize(tmp_dir: Path, overrides: dict[str, Any] | None = None, *,
     context = {**cdk_json_context(), "settings_file": str(named) if named else settings.NO_FILE,
                **fixed, **(overrides or {})}
     app = cdk.App(context=context, outdir=str(tmp_dir))
-    stacks = load_app_module().build(app)
+    stacks = load_app_module().build(app, env=env)
     assembly = app.synth()   # raises if cdk-nag reports an unacknowledged finding
     templates = {stack.id: stack.template for stack in assembly.stacks}
     stack_names = {stack.id: stack.stack_name for stack in assembly.stacks}
@@ -101,7 +130,23 @@ def synthesize(tmp_dir: Path, overrides: dict[str, Any] | None = None, *,
     config = settings.resolve(context).config
     context = {key: getattr(config, key) for key in settings.SETTINGS}
     return Synthesized(context=context, outdir=tmp_dir, templates=templates,
-                       stack_names=stack_names, stacks=stacks)
+                       stack_names=stack_names, stacks=stacks,
+                       missing_context={m["key"]: m["provider"] for m in json.loads(
+                           (Path(assembly.directory) / "manifest.json").read_text()).get("missing", [])})
+
+
+def cfn_lint_problems(template: dict, regions: tuple[str, ...] = ("us-east-1", "eu-west-1")) -> list[str]:
+    """cfn-lint's errors and warnings (E and W rules) for ``template`` deployed in ``regions``."""
+    from cfnlint.api import ManualArgs, lint
+
+    matches = lint(json.dumps(template), config=ManualArgs(regions=list(regions)))
+    return [f"{m.rule.id}: {m.message}" for m in matches if m.rule.id[0] in "EW"]
+
+
+def failing_reports(outdir: Path) -> list[dict]:
+    """The synth's validation plugins (cdk-nag, cdk-preflight) that did not conclude `success`."""
+    report = json.loads((outdir / "validation-report.json").read_text())
+    return [r for r in report["pluginReports"] if r.get("conclusion") != "success"]
 
 
 # --- CloudFormation in moto ------------------------------------------------------------------

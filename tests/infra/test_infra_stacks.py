@@ -464,7 +464,9 @@ def test_s3_access_is_scoped_to_the_data_bucket(default_synth):
 
 # --- EfsClusterStack ----------------------------------------------------------------------------
 
-def test_cluster_ami_is_the_deep_learning_ami_ssm_parameter_not_a_lookup(default_synth):
+def test_offline_the_cluster_ami_is_the_deep_learning_ami_ssm_parameter(default_synth):
+    """Without an account (no credentials) synth needs no lookup; with one the AMI is looked up
+    once and kept: test_infra_ami.py."""
     template = default_synth.templates[CLUSTER]
     params = [p for p in template["Parameters"].values()
               if p["Type"] == "AWS::SSM::Parameter::Value<AWS::EC2::Image::Id>"]
@@ -473,8 +475,8 @@ def test_cluster_ami_is_the_deep_learning_ami_ssm_parameter_not_a_lookup(default
 
 
 def test_cluster_ami_can_be_pinned_and_the_ami_in_use_is_an_output(default_synth, variant_synth):
-    """Without a pin, CloudFormation re-reads .../latest at every deploy, so replacement nodes
-    would get newer drivers and NCCL than running ones."""
+    """The ami_id setting replaces the parameter (offline) as it replaces the kept lookup
+    (test_infra_ami.py)."""
     (parameter,) = [lid for lid, p in default_synth.templates[CLUSTER]["Parameters"].items()
                     if p["Type"] == "AWS::SSM::Parameter::Value<AWS::EC2::Image::Id>"]
     assert default_synth.templates[CLUSTER]["Outputs"][outputs.CLUSTER_AMI_ID]["Value"] == {

@@ -240,8 +240,9 @@ def test_companion_commands(sagemaker_env, capsys, monkeypatch):
     # The final status, then the finished job's cost: moto bills nothing, and SageMakerStack's
     # default type (ml.p4d.24xlarge) has no price recorded in infra/instance_types.py.
     assert capsys.readouterr().out.strip().splitlines()[-2:] == [
-        f"{name}: Completed", "estimated cost: no price recorded for ml.p4d.24xlarge (1 x "
-        "ml.p4d.24xlarge x 0.00 h; add its price to infra/instance_types.py for an estimate)"]
+        f"{name}: Completed", "estimated cost: no price recorded for ml.p4d.24xlarge in "
+        "infra/instance_types.py; its on-demand price: https://aws.amazon.com/sagemaker/pricing/ (add it "
+        "to the table, with the date it was read, for an estimate) (1 x ml.p4d.24xlarge x 0.00 h)"]
     assert launcher.main(["describe", "no-such-job"]) == 2
     assert "no training job named 'no-such-job'" in capsys.readouterr().err
     assert launcher.main(["stop", "no-such-job"]) == 2
