@@ -44,6 +44,7 @@ from infra import outputs
 from launch import cost, deployment
 from launch.aws import LaunchError, make_session, require_output, stack_outputs
 from launch.run_names import check_run_name, new_run_name
+from launch.sagemaker.serve import DEFAULTS as SERVER_DEFAULTS
 from training.predict import DRAW_SCORE_THRESHOLD
 
 DEFAULT_INSTANCE_TYPE = "ml.g4dn.xlarge"    # one NVIDIA T4 (16 GB), 4 vCPUs: the smallest GPU inference type
@@ -53,11 +54,15 @@ VARIANT_NAME = "AllTraffic"                       # the SageMaker SDK's name for
 STARTUP_TIMEOUT_SECONDS = 1200
 TRANSFORM_CONTENT_TYPE = "application/x-image"    # one image a request, JPEG or PNG alike
 TRANSFORM_ACCEPT = "application/json"
-# Matches the server's MASKRCNN_MAX_IMAGE_BYTES default (6 MiB); SageMaker's default is the same 6 MB.
-TRANSFORM_MAX_PAYLOAD_MB = 6
+# Batch transform takes images over the real-time limit: a transform job's model runs the server with
+# MASKRCNN_MAX_IMAGE_BYTES raised to match. AWS (CreateTransformJob): MaxPayloadInMB at most 100, and
+# MaxConcurrentTransforms x MaxPayloadInMB at most 100; the server asks for 4 requests at once
+# (1 worker x 4 threads, its /execution-parameters), so 25.
+TRANSFORM_MAX_PAYLOAD_MB = 25
 # InvokeEndpoint's Body: "Length Constraints: Maximum length of 6291456" (the AWS API reference; the
 # same bound is in botocore's model of the API). SageMaker refuses a larger request.
 REALTIME_MAX_PAYLOAD_BYTES = 6 * 1024 * 1024
+MAX_IMAGE_BYTES_ENV = SERVER_DEFAULTS["max_image_bytes"][0]
 # What the model server accepts (launch/sagemaker/serve.py CONTENT_TYPES), by the file's signature.
 IMAGE_CONTENT_TYPES = ((b"\xff\xd8\xff", "image/jpeg"), (b"\x89PNG\r\n\x1a\n", "image/png"))
 INVOKE_ACCEPT = "application/json"
@@ -188,12 +193,11 @@ def _name(name: str | None, base: str) -> str:
     return check_run_name(name) if name else new_run_name(base)
 
 
-def create_model(session, name: str, model_data: str, stack_name: str) -> str:
+def create_model(session, name: str, model_data: str, stack_name: str, environment: dict[str, str] | None = None) -> str:
     """CreateModel: the training image serving ``model_data`` with the stack's execution role."""
     image, role = _stack(session, stack_name)
-    _client(session).create_model(   # boto3: see SDK_FALLBACK
-ModelName=name, ExecutionRoleArn=role,
-                                  PrimaryContainer={"Image": image, "ModelDataUrl": model_data})
+    container = {"Image": image, "ModelDataUrl": model_data, **({"Environment": environment} if environment else {})}
+    _client(session).create_model(ModelName=name, ExecutionRoleArn=role, PrimaryContainer=container)   # boto3: see SDK_FALLBACK
     return name
 
 
@@ -248,7 +252,8 @@ def transform(session: boto3.session.Session, *, input_uri: str, output_uri: str
     name = _name(name, base_name)
     _stack(session, stack_name)
     data = _model_data(session, training_job, model_data, model_dir, name=name, stack_name=stack_name)
-    create_model(session, name, data, stack_name)
+    create_model(session, name, data, stack_name,
+                 environment={MAX_IMAGE_BYTES_ENV: str(TRANSFORM_MAX_PAYLOAD_MB * 1024 * 1024)})
     with _undone_on_failure(_client(session), name, "transform job"):
         job = TransformJob.create(
             transform_job_name=name, model_name=name,
@@ -284,8 +289,8 @@ def image_content_type(path: str | Path, data: bytes) -> str:
         raise LaunchError(
             f"{path} is {len(data)} bytes, over SageMaker's limit of {REALTIME_MAX_PAYLOAD_BYTES} bytes (6 MiB) for "
             f"a real-time request: run batch transform on it instead (`maskrcnn endpoint transform --input "
-            f"s3://BUCKET/images/ ...`), or send it smaller (the model resizes every image to its "
-            f"PREPROC.TEST_SHORT_EDGE_SIZE anyway)")
+            f"s3://BUCKET/images/ ...`, up to {TRANSFORM_MAX_PAYLOAD_MB} MB an image), or send it smaller (the "
+            f"model resizes every image to its PREPROC.TEST_SHORT_EDGE_SIZE anyway)")
     for signature, content_type in IMAGE_CONTENT_TYPES:
         if data.startswith(signature):
             return content_type

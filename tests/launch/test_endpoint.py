@@ -74,14 +74,16 @@ def test_transform_job_reads_an_s3_prefix_of_images(sagemaker_env):
                                 instance_count=3)
     name = result["transform_job"]
     assert name.startswith("maskrcnn-transform-") and models[0]["ModelName"] == name
-    assert models[0]["PrimaryContainer"] == {"Image": IMAGE, "ModelDataUrl": model_data}
+    # images over the real-time limit go this way: the server takes what the job sends
+    assert models[0]["PrimaryContainer"] == {"Image": IMAGE, "ModelDataUrl": model_data,
+                                             "Environment": {"MASKRCNN_MAX_IMAGE_BYTES": str(25 * 1024 * 1024)}}
     assert jobs == [{
         "TransformJobName": name, "ModelName": name,
         "TransformInput": {"DataSource": {"S3DataSource": {"S3DataType": "S3Prefix", "S3Uri": f"s3://{BUCKET}/images/"}},
                            "ContentType": "application/x-image", "SplitType": "None"},
         "TransformOutput": {"S3OutputPath": f"s3://{BUCKET}/detections/", "Accept": "application/json"},
         "TransformResources": {"InstanceType": "ml.g5.xlarge", "InstanceCount": 3},
-        "BatchStrategy": "SingleRecord", "MaxPayloadInMB": 6}]
+        "BatchStrategy": "SingleRecord", "MaxPayloadInMB": 25}]
     described = session.client("sagemaker").describe_transform_job(TransformJobName=name)
     assert described["ModelName"] == name
 
@@ -353,7 +355,7 @@ def test_invoke_refuses_what_sagemaker_would_before_sending(aws_env, monkeypatch
         cases = [
             ([str(big)], f"big.jpg is {endpoint.REALTIME_MAX_PAYLOAD_BYTES + 4} bytes, over SageMaker's limit of "
                          f"6291456 bytes (6 MiB) for a real-time request: run batch transform on it instead "
-                         f"(`maskrcnn endpoint transform --input"),
+                         f"(`maskrcnn endpoint transform --input s3://BUCKET/images/ ...`, up to 25 MB an image)"),
             ([str(notes)], "notes.txt is not a JPEG or PNG file"),
             ([str(tmp_path / "missing.jpg")], "no image file"),
         ]
