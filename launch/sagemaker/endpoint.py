@@ -45,6 +45,7 @@ from launch import cost, deployment
 from launch.aws import LaunchError, make_session, require_output, stack_outputs
 from launch.run_names import check_run_name, new_run_name
 from launch.sagemaker.serve import DEFAULTS as SERVER_DEFAULTS
+from launch.sagemaker.serve import JPEG_SIGNATURE, PNG_SIGNATURE
 from training.predict import DRAW_SCORE_THRESHOLD
 
 DEFAULT_INSTANCE_TYPE = "ml.g4dn.xlarge"    # one NVIDIA T4 (16 GB), 4 vCPUs: the smallest GPU inference type
@@ -64,7 +65,7 @@ TRANSFORM_MAX_PAYLOAD_MB = 25
 REALTIME_MAX_PAYLOAD_BYTES = 6 * 1024 * 1024
 MAX_IMAGE_BYTES_ENV = SERVER_DEFAULTS["max_image_bytes"][0]
 # What the model server accepts (launch/sagemaker/serve.py CONTENT_TYPES), by the file's signature.
-IMAGE_CONTENT_TYPES = ((b"\xff\xd8\xff", "image/jpeg"), (b"\x89PNG\r\n\x1a\n", "image/png"))
+IMAGE_CONTENT_TYPES = ((JPEG_SIGNATURE, "image/jpeg"), (PNG_SIGNATURE, "image/png"))
 INVOKE_ACCEPT = "application/json"
 # Every endpoint `deploy` creates carries this tag (how `list` tells the project's endpoints from
 # others in the account); its value names the model: the training job, or the model data's S3 URI.
@@ -320,10 +321,12 @@ def draw_answer(image_path: str | Path, answer: dict, out_path: str | Path, scor
         raise LaunchError(f"cannot read {image_path} to draw on")
     if list(image.shape[:2]) != list(answer["image_size"]):
         raise LaunchError(f"the endpoint's answer is for a {answer['image_size'][1]}x{answer['image_size'][0]} image, "
-                          f"{image_path} reads as {image.shape[1]}x{image.shape[0]}: is the endpoint serving an "
-                          f"export that ignores EXIF orientation? Deploy it again")
+                          f"{image_path} reads as {image.shape[1]}x{image.shape[0]} here: the detections cannot "
+                          f"be drawn on it")
     keep = [i for i, score in enumerate(answer["scores"]) if score >= score_threshold]
-    masks = np.stack([mask_utils.decode(answer["masks"][i]) for i in keep]) if keep and answer["masks"] else None
+    # a model without masks answers 1x1 placeholders: boxes only then
+    with_masks = keep and all(answer["masks"][i]["size"] == answer["image_size"] for i in keep)
+    masks = np.stack([mask_utils.decode(answer["masks"][i]) for i in keep]) if with_masks else None
     drawn = draw.draw_instances(image, np.array([answer["boxes"][i] for i in keep]).reshape(-1, 4), masks,
                                 names=[answer["class_names"][i] for i in keep],
                                 scores=[answer["scores"][i] for i in keep],

@@ -375,3 +375,24 @@ def test_invoke_refuses_what_sagemaker_would_before_sending(aws_env, monkeypatch
     with pytest.raises(SystemExit):
         endpoint.main(["invoke", "shapes-v1", str(at_limit), "--draw", "out.gif"])
     assert "--draw out.gif: name a .jpg or .png file to write" in capsys.readouterr().err
+
+
+def test_draw_a_box_only_answer_and_refuse_an_answer_for_another_size(tmp_path):
+    """An export without masks answers 1x1 placeholder masks: --draw draws the boxes; an answer
+    whose image_size is not the file's as OpenCV reads it cannot be drawn on it."""
+    import cv2
+    import numpy as np
+    from pycocotools import mask as mask_utils
+    image = tmp_path / "grey.png"
+    assert cv2.imwrite(str(image), np.full((40, 60, 3), 128, np.uint8))
+    placeholder = mask_utils.encode(np.zeros((1, 1, 1), np.uint8, order="F"))[0]
+    answer = {"image_size": [40, 60], "boxes": [[10, 5, 30, 25], [0, 0, 5, 5]], "classes": [1, 2],
+              "class_names": ["circle", "square"], "scores": [0.9, 0.1],
+              "masks": [{"size": [1, 1], "counts": placeholder["counts"].decode()}] * 2}
+    assert endpoint.draw_answer(image, answer, tmp_path / "out" / "drawn.png", 0.5) == 1
+    drawn = cv2.imread(str(tmp_path / "out" / "drawn.png"))
+    assert (drawn[10:25, 29] != 128).any(axis=1).all() and (drawn[24, 10:30] != 128).any(axis=1).all()   # its outline
+    assert (drawn[25:] == 128).all() and (drawn[:5, :5] == 128).all()   # nothing below it; not the 0.1 box
+    assert (drawn[18:24, 12:28] == 128).all()                          # no mask filled inside it (the label is at its top)
+    with pytest.raises(LaunchError, match="answer is for a 40x60 image, .*grey.png reads as 60x40 here"):
+        endpoint.draw_answer(image, {**answer, "image_size": [60, 40]}, tmp_path / "no.png", 0.5)
