@@ -194,11 +194,13 @@ def _name(name: str | None, base: str) -> str:
     return check_run_name(name) if name else new_run_name(base)
 
 
-def create_model(session, name: str, model_data: str, stack_name: str, environment: dict[str, str] | None = None) -> str:
+def create_model(session, name: str, model_data: str, stack_name: str,
+                 environment: dict[str, str] | None = None) -> str:
     """CreateModel: the training image serving ``model_data`` with the stack's execution role."""
     image, role = _stack(session, stack_name)
     container = {"Image": image, "ModelDataUrl": model_data, **({"Environment": environment} if environment else {})}
-    _client(session).create_model(ModelName=name, ExecutionRoleArn=role, PrimaryContainer=container)   # boto3: see SDK_FALLBACK
+    # boto3: see SDK_FALLBACK
+    _client(session).create_model(ModelName=name, ExecutionRoleArn=role, PrimaryContainer=container)
     return name
 
 
@@ -376,7 +378,8 @@ def list_endpoints(session: boto3.session.Session) -> list[dict[str, Any]]:
             if MODEL_TAG not in tags:
                 continue
             described = sm.describe_endpoint(EndpointName=summary["EndpointName"])
-            variants = sm.describe_endpoint_config(EndpointConfigName=described["EndpointConfigName"])["ProductionVariants"]
+            config = sm.describe_endpoint_config(EndpointConfigName=described["EndpointConfigName"])
+            variants = config["ProductionVariants"]
             variant = variants[0] if variants else {}
             running = (described.get("ProductionVariants") or [{}])[0]
             try:

@@ -393,6 +393,6 @@ def test_draw_a_box_only_answer_and_refuse_an_answer_for_another_size(tmp_path):
     drawn = cv2.imread(str(tmp_path / "out" / "drawn.png"))
     assert (drawn[10:25, 29] != 128).any(axis=1).all() and (drawn[24, 10:30] != 128).any(axis=1).all()   # its outline
     assert (drawn[25:] == 128).all() and (drawn[:5, :5] == 128).all()   # nothing below it; not the 0.1 box
-    assert (drawn[18:24, 12:28] == 128).all()                          # no mask filled inside it (the label is at its top)
+    assert (drawn[18:24, 12:28] == 128).all()     # no mask filled inside it (the label is at its top)
     with pytest.raises(LaunchError, match="answer is for a 40x60 image, .*grey.png reads as 60x40 here"):
         endpoint.draw_answer(image, {**answer, "image_size": [60, 40]}, tmp_path / "no.png", 0.5)

@@ -283,7 +283,8 @@ def test_endpoint_invoke_sends_the_image_and_draws_the_answer(server, images, tm
         turned = _turned_jpeg(photo, tmp_path / "portrait.jpg")
         height, width = cv2.imread(str(photo)).shape[:2]
         drawn = tmp_path / "drawn" / "portrait.png"
-        assert endpoint.main(["invoke", "shapes-v1", str(turned), "--draw", str(drawn), "--score-threshold", "0.2"]) == 0
+        assert endpoint.main(["invoke", "shapes-v1", str(turned), "--draw", str(drawn),
+                              "--score-threshold", "0.2"]) == 0
         captured = capsys.readouterr()
         answer = json.loads(captured.out)
         assert answer["image_size"] == [height, width]    # upright, as the phone showed it
@@ -291,7 +292,8 @@ def test_endpoint_invoke_sends_the_image_and_draws_the_answer(server, images, tm
         assert 0 < len(keep) and f"drew {len(keep)} of {len(answer['scores'])} detections" in captured.err
         image = cv2.imread(str(turned))
         expected_drawing = draw_instances(
-            image, np.array([answer["boxes"][i] for i in keep]), np.stack([mask_utils.decode(answer["masks"][i]) for i in keep]),
+            image, np.array([answer["boxes"][i] for i in keep]),
+            np.stack([mask_utils.decode(answer["masks"][i]) for i in keep]),
             names=[answer["class_names"][i] for i in keep], scores=[answer["scores"][i] for i in keep],
             colors=[class_color(answer["classes"][i]) for i in keep])
         np.testing.assert_array_equal(cv2.imread(str(drawn)), expected_drawing)
