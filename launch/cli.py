@@ -66,7 +66,8 @@ COMMANDS: dict[str, Command] = {
     "serve": Command("launch.sagemaker.serve", "the model server of SageMaker's hosting contract (GET /ping, "
                      "POST /invocations on port 8080)", "maskrcnn serve --model-dir exported/r1", "serve"),
     "endpoint": Command("launch.sagemaker.endpoint", "a trained model as a SageMaker endpoint or batch transform "
-                        "job, and deleting it", "maskrcnn endpoint deploy --training-job JOB_NAME", "serve"),
+                        "job: deploy, invoke with an image, list, delete",
+                        "maskrcnn endpoint invoke ENDPOINT_NAME photo.jpg --draw detections.jpg", "serve"),
 }
 
 

@@ -22,7 +22,7 @@ training.data.augment rounds them), pad to a multiple of 32. After: boxes scaled
 to the image, masks pasted at the image's resolution as MRCNN.ACCURATE_PASTE says. JPEG is decoded
 with the accurate integer DCT, OpenCV's, so pixels match what training.predict reads; the resize
 rounds like OpenCV's only to within one grey level, so boxes can differ from training.predict's by a
-fraction of a pixel. Unlike OpenCV, TensorFlow's decoder ignores a JPEG's EXIF orientation.
+fraction of a pixel. An EXIF orientation is applied, as OpenCV applies it (training/exif.py).
 
 The graph is built for this machine's backbone data format (NHWC on CPU); it runs on a GPU too.
 """
@@ -53,12 +53,17 @@ def parse_args(argv=None):
 
 # ------------------------------------------------------------------------------ graph pieces
 def decode_bgr(tf, image_bytes):
-    """[H, W, 3] uint8 BGR from JPEG/PNG (also GIF/BMP) bytes; grey and RGBA files give 3 channels."""
+    """[H, W, 3] uint8 BGR from JPEG/PNG (also GIF/BMP) bytes; grey and RGBA files give 3 channels.
+    A JPEG or PNG comes turned as its EXIF orientation says, as cv2.imread gives it."""
+    from training.exif import apply_orientation, orientation
+
     rgb = tf.cond(tf.io.is_jpeg(image_bytes),
                   # INTEGER_ACCURATE: libjpeg's default (ISLOW), the one OpenCV uses; TensorFlow's own
                   # default is the fast DCT, whose pixels differ by a few grey levels.
                   lambda: tf.io.decode_jpeg(image_bytes, channels=3, dct_method="INTEGER_ACCURATE"),
                   lambda: tf.io.decode_image(image_bytes, channels=3, dtype=tf.uint8, expand_animations=False))
+    rgb.set_shape([None, None, 3])
+    rgb = apply_orientation(tf, rgb, orientation(tf, image_bytes))
     rgb.set_shape([None, None, 3])
     return tf.reverse(rgb, axis=[-1])
 

@@ -5,6 +5,8 @@ S3, and delete an endpoint with what it was made of.
                                                [--instance-type ml.g4dn.xlarge] [--instance-count 1] [--wait]
     maskrcnn endpoint transform (--training-job JOB | --model-data S3_URI | --model-dir DIR)
                                                --input s3://bucket/images/ --output s3://bucket/detections/
+    maskrcnn endpoint invoke ENDPOINT photo.jpg [--draw drawn.jpg] [--score-threshold 0.5]
+    maskrcnn endpoint list
     maskrcnn endpoint delete ENDPOINT
 
 The model is a finished training job's ModelArtifacts (its checkpoint and config.json, which the
@@ -15,6 +17,11 @@ the stack's SageMaker execution role, both read from SageMakerStack's outputs. T
 endpoint configuration and the endpoint share one name (``<base>-<UTC time>-<4 hex>``, as run names);
 ``delete`` finds the configuration and the models from the endpoint. A transform job writes one
 ``<image name>.out`` JSON file per image (the server's answer) under --output.
+
+``invoke`` sends one JPEG or PNG file to an endpoint (InvokeEndpoint, refused before sending when the
+file is over its 6 MiB payload limit) and prints the server's JSON answer; ``--draw`` draws it onto a
+copy of the image with training/draw.py, which needs OpenCV and pycocotools (the ``draw`` extra).
+``list`` shows the endpoints ``deploy`` created (they carry the tag :data:`MODEL_TAG`).
 
 The transform job is created with the SageMaker Python SDK v3 (sagemaker.core.resources); the
 models, endpoint configurations and endpoints with boto3 (why: SDK_FALLBACK's comment).
@@ -37,6 +44,9 @@ from infra import outputs
 from launch import cost, deployment
 from launch.aws import LaunchError, make_session, require_output, stack_outputs
 from launch.run_names import check_run_name, new_run_name
+from launch.sagemaker.serve import DEFAULTS as SERVER_DEFAULTS
+from launch.sagemaker.serve import JPEG_SIGNATURE, PNG_SIGNATURE
+from training.predict import DRAW_SCORE_THRESHOLD
 
 DEFAULT_INSTANCE_TYPE = "ml.g4dn.xlarge"    # one NVIDIA T4 (16 GB), 4 vCPUs: the smallest GPU inference type
 VARIANT_NAME = "AllTraffic"                       # the SageMaker SDK's name for an endpoint's one variant
@@ -45,8 +55,23 @@ VARIANT_NAME = "AllTraffic"                       # the SageMaker SDK's name for
 STARTUP_TIMEOUT_SECONDS = 1200
 TRANSFORM_CONTENT_TYPE = "application/x-image"    # one image a request, JPEG or PNG alike
 TRANSFORM_ACCEPT = "application/json"
-# Matches the server's MASKRCNN_MAX_IMAGE_BYTES default (6 MiB); SageMaker's default is the same 6 MB.
-TRANSFORM_MAX_PAYLOAD_MB = 6
+# Batch transform takes images over the real-time limit: a transform job's model runs the server with
+# MASKRCNN_MAX_IMAGE_BYTES raised to match. AWS (CreateTransformJob): MaxPayloadInMB at most 100, and
+# MaxConcurrentTransforms x MaxPayloadInMB at most 100; the server asks for 4 requests at once
+# (1 worker x 4 threads, its /execution-parameters), so 25.
+TRANSFORM_MAX_PAYLOAD_MB = 25
+# InvokeEndpoint's Body: "Length Constraints: Maximum length of 6291456" (the AWS API reference; the
+# same bound is in botocore's model of the API). SageMaker refuses a larger request.
+REALTIME_MAX_PAYLOAD_BYTES = 6 * 1024 * 1024
+MAX_IMAGE_BYTES_ENV = SERVER_DEFAULTS["max_image_bytes"][0]
+# What the model server accepts (launch/sagemaker/serve.py CONTENT_TYPES), by the file's signature.
+IMAGE_CONTENT_TYPES = ((JPEG_SIGNATURE, "image/jpeg"), (PNG_SIGNATURE, "image/png"))
+INVOKE_ACCEPT = "application/json"
+# Every endpoint `deploy` creates carries this tag (how `list` tells the project's endpoints from
+# others in the account); its value names the model: the training job, or the model data's S3 URI.
+MODEL_TAG = "maskrcnn-model"
+TAG_VALUE_MAX = 256
+DRAW_EXTRA = "draw"           # pyproject.toml's extra with what --draw imports
 
 
 # Where boto3 sends the request instead of sagemaker.core.resources: Model, EndpointConfig and
@@ -169,12 +194,13 @@ def _name(name: str | None, base: str) -> str:
     return check_run_name(name) if name else new_run_name(base)
 
 
-def create_model(session, name: str, model_data: str, stack_name: str) -> str:
+def create_model(session, name: str, model_data: str, stack_name: str,
+                 environment: dict[str, str] | None = None) -> str:
     """CreateModel: the training image serving ``model_data`` with the stack's execution role."""
     image, role = _stack(session, stack_name)
-    _client(session).create_model(   # boto3: see SDK_FALLBACK
-ModelName=name, ExecutionRoleArn=role,
-                                  PrimaryContainer={"Image": image, "ModelDataUrl": model_data})
+    container = {"Image": image, "ModelDataUrl": model_data, **({"Environment": environment} if environment else {})}
+    # boto3: see SDK_FALLBACK
+    _client(session).create_model(ModelName=name, ExecutionRoleArn=role, PrimaryContainer=container)
     return name
 
 
@@ -195,7 +221,8 @@ def deploy(session: boto3.session.Session, *, training_job: str | None = None, m
             "InitialInstanceCount": instance_count,
             "ContainerStartupHealthCheckTimeoutInSeconds": STARTUP_TIMEOUT_SECONDS}])
         created.append("endpoint_config")
-        sm.create_endpoint(EndpointName=name, EndpointConfigName=name)
+        sm.create_endpoint(EndpointName=name, EndpointConfigName=name,
+                           Tags=[{"Key": MODEL_TAG, "Value": (training_job or data)[:TAG_VALUE_MAX]}])
     result = {"endpoint": name, "endpoint_config": name, "model": name, "model_data": data}
     if wait:
         import botocore.exceptions
@@ -228,7 +255,8 @@ def transform(session: boto3.session.Session, *, input_uri: str, output_uri: str
     name = _name(name, base_name)
     _stack(session, stack_name)
     data = _model_data(session, training_job, model_data, model_dir, name=name, stack_name=stack_name)
-    create_model(session, name, data, stack_name)
+    create_model(session, name, data, stack_name,
+                 environment={MAX_IMAGE_BYTES_ENV: str(TRANSFORM_MAX_PAYLOAD_MB * 1024 * 1024)})
     with _undone_on_failure(_client(session), name, "transform job"):
         job = TransformJob.create(
             transform_job_name=name, model_name=name,
@@ -255,6 +283,117 @@ def transform(session: boto3.session.Session, *, input_uri: str, output_uri: str
                                         f"failure reason: {described.get('FailureReason') or 'none given'}",
                                         cost.estimate(instance_type, instance_count, seconds).line()]) from None
     return result
+
+
+def image_content_type(path: str | Path, data: bytes) -> str:
+    """The Content-Type of an image file's bytes, or a LaunchError before anything is sent: a JPEG
+    or PNG (what the model server decodes) within InvokeEndpoint's payload limit."""
+    if len(data) > REALTIME_MAX_PAYLOAD_BYTES:
+        raise LaunchError(
+            f"{path} is {len(data)} bytes, over SageMaker's limit of {REALTIME_MAX_PAYLOAD_BYTES} bytes (6 MiB) for "
+            f"a real-time request: run batch transform on it instead (`maskrcnn endpoint transform --input "
+            f"s3://BUCKET/images/ ...`, up to {TRANSFORM_MAX_PAYLOAD_MB} MB an image), or send it smaller (the "
+            f"model resizes every image to its PREPROC.TEST_SHORT_EDGE_SIZE anyway)")
+    for signature, content_type in IMAGE_CONTENT_TYPES:
+        if data.startswith(signature):
+            return content_type
+    raise LaunchError(f"{path} is not a JPEG or PNG file (by its first bytes): the model takes those two")
+
+
+def _drawing_modules():
+    """What --draw imports (not the client's: OpenCV and pycocotools), or a LaunchError naming the extra."""
+    try:
+        import cv2
+        import numpy as np
+        from pycocotools import mask as mask_utils
+
+        from training import draw
+    except ImportError as err:
+        raise LaunchError(f"--draw needs OpenCV and pycocotools, which this install lacks (no module "
+                          f"{err.name!r}): python -m pip install -c constraints.txt -e '.[{DRAW_EXTRA}]'") from None
+    return cv2, np, mask_utils, draw
+
+
+def draw_answer(image_path: str | Path, answer: dict, out_path: str | Path, score_threshold: float) -> int:
+    """Writes the image with the answer's detections scoring at least ``score_threshold`` drawn on it
+    (training/draw.py, as `maskrcnn predict --draw`); how many were drawn."""
+    cv2, np, mask_utils, draw = _drawing_modules()
+    image = cv2.imread(str(image_path), cv2.IMREAD_COLOR)    # turned as its EXIF orientation says, as the model does
+    if image is None:
+        raise LaunchError(f"cannot read {image_path} to draw on")
+    if list(image.shape[:2]) != list(answer["image_size"]):
+        raise LaunchError(f"the endpoint's answer is for a {answer['image_size'][1]}x{answer['image_size'][0]} image, "
+                          f"{image_path} reads as {image.shape[1]}x{image.shape[0]} here: the detections cannot "
+                          f"be drawn on it")
+    keep = [i for i, score in enumerate(answer["scores"]) if score >= score_threshold]
+    # a model without masks answers 1x1 placeholders: boxes only then
+    with_masks = keep and all(answer["masks"][i]["size"] == answer["image_size"] for i in keep)
+    masks = np.stack([mask_utils.decode(answer["masks"][i]) for i in keep]) if with_masks else None
+    drawn = draw.draw_instances(image, np.array([answer["boxes"][i] for i in keep]).reshape(-1, 4), masks,
+                                names=[answer["class_names"][i] for i in keep],
+                                scores=[answer["scores"][i] for i in keep],
+                                colors=[draw.class_color(int(answer["classes"][i])) for i in keep])
+    Path(out_path).parent.mkdir(parents=True, exist_ok=True)
+    try:
+        draw.write_image(out_path, drawn)
+    except OSError as err:
+        raise LaunchError(str(err)) from None
+    return len(keep)
+
+
+def invoke(session: boto3.session.Session, name: str, image_path: str | Path) -> dict[str, Any]:
+    """InvokeEndpoint with one image file; the model server's JSON answer (launch/sagemaker/serve.py)."""
+    import botocore.exceptions
+    path = Path(image_path)
+    if not path.is_file():
+        raise LaunchError(f"no image file {path}")
+    data = path.read_bytes()
+    content_type = image_content_type(path, data)   # before anything is sent
+    runtime = session.client("sagemaker-runtime")
+    try:
+        response = runtime.invoke_endpoint(EndpointName=name, ContentType=content_type, Accept=INVOKE_ACCEPT, Body=data)
+    except botocore.exceptions.ClientError as err:
+        error = err.response.get("Error", {})
+        if error.get("Code") == "ModelError":     # the model server's own 4xx/5xx, passed on
+            original = err.response.get("OriginalMessage") or error.get("Message", "")
+            with contextlib.suppress(ValueError, TypeError, AttributeError):
+                original = json.loads(original)["error"]
+            status = err.response.get("OriginalStatusCode", "an error")
+            raise LaunchError(f"endpoint {name}'s model server answered {status}: {original}") from None
+        if _not_found(err) and "Endpoint" in error.get("Message", ""):
+            raise LaunchError(f"no endpoint named {name!r} in service in {session.region_name} "
+                              f"({error.get('Message')}): `maskrcnn endpoint list` shows them") from None
+        raise
+    return json.loads(response["Body"].read())
+
+
+def list_endpoints(session: boto3.session.Session) -> list[dict[str, Any]]:
+    """The endpoints ``deploy`` created (tag :data:`MODEL_TAG`), newest first: status, instances,
+    the model they serve, when they were created."""
+    sm = _client(session)   # boto3: see SDK_FALLBACK
+    found = []
+    for page in sm.get_paginator("list_endpoints").paginate(SortBy="CreationTime", SortOrder="Descending"):
+        for summary in page["Endpoints"]:
+            tags = {t["Key"]: t["Value"] for t in sm.list_tags(ResourceArn=summary["EndpointArn"]).get("Tags", [])}
+            if MODEL_TAG not in tags:
+                continue
+            described = sm.describe_endpoint(EndpointName=summary["EndpointName"])
+            config = sm.describe_endpoint_config(EndpointConfigName=described["EndpointConfigName"])
+            variants = config["ProductionVariants"]
+            variant = variants[0] if variants else {}
+            running = (described.get("ProductionVariants") or [{}])[0]
+            try:
+                model_data = sm.describe_model(ModelName=variant["ModelName"])["PrimaryContainer"].get("ModelDataUrl")
+            except (KeyError, sm.exceptions.ClientError):    # a model deleted by hand
+                model_data = None
+            entry = {"endpoint": summary["EndpointName"], "status": summary["EndpointStatus"],
+                     "instance_type": variant.get("InstanceType"), "instance_count": running.get("CurrentInstanceCount", variant.get("InitialInstanceCount")),
+                     "model": tags[MODEL_TAG], "model_data": model_data,
+                     "created": summary["CreationTime"].isoformat(timespec="seconds")}
+            if described.get("FailureReason"):
+                entry["failure_reason"] = described["FailureReason"]
+            found.append(entry)
+    return found
 
 
 def delete(session: boto3.session.Session, name: str) -> dict[str, Any]:
@@ -320,9 +459,26 @@ def main(argv: list[str] | None = None) -> int:
         if command == "transform":
             c.add_argument("--input", required=True, help="S3 prefix of the images (JPEG or PNG)")
             c.add_argument("--output", required=True, help="S3 prefix for the detections (<image>.out, JSON)")
+    i = sub.add_parser("invoke", help="detect objects in one image file with an endpoint (JSON out)",
+                       description="Sends IMAGE (JPEG or PNG, at most 6 MiB: SageMaker's limit for a real-time "
+                                   "request; larger ones: `maskrcnn endpoint transform`) to the endpoint and prints "
+                                   "its answer: image_size, boxes (x1, y1, x2, y2 in the image's pixels), classes, "
+                                   "class_names, scores, masks (COCO RLE).")
+    i.add_argument("endpoint")
+    i.add_argument("image", help="a JPEG or PNG file")
+    i.add_argument("--draw", metavar="OUT", help="also write the image with the detections drawn on it to OUT "
+                                                 f"(.jpg or .png; needs the `{DRAW_EXTRA}` extra: OpenCV, pycocotools)")
+    i.add_argument("--score-threshold", type=float, default=DRAW_SCORE_THRESHOLD,
+                   help=f"--draw shows detections scoring at least this (default {DRAW_SCORE_THRESHOLD})")
+    sub.add_parser("list", help="the endpoints `deploy` created: status, instances, model, created")
     d = sub.add_parser("delete", help="delete an endpoint, its configuration and its model")
     d.add_argument("endpoint")
     a = p.parse_args(argv)
+    if a.command == "invoke":   # usage errors, before credentials are looked for
+        if not 0.0 <= a.score_threshold <= 1.0:
+            i.error(f"--score-threshold must be between 0 and 1, got {a.score_threshold}")
+        if a.draw and not a.draw.lower().endswith((".jpg", ".jpeg", ".png")):
+            i.error(f"--draw {a.draw}: name a .jpg or .png file to write")
     # A usage error, before credentials are looked for: there is nothing to ask AWS yet.
     if a.command in model_commands and not _names_one_model(a.training_job, a.model_data, a.model_dir):
         model_commands[a.command].error(NAME_THE_MODEL)
@@ -340,6 +496,16 @@ def main(argv: list[str] | None = None) -> int:
                                model_data=a.model_data, model_dir=a.model_dir, name=a.name,
                                instance_type=a.instance_type,
                                instance_count=a.instance_count, stack_name=stack, wait=a.wait)
+        elif a.command == "invoke":
+            if a.draw:
+                _drawing_modules()      # what --draw needs is here, before the request is paid for
+            result = invoke(session, a.endpoint, a.image)
+            if a.draw:
+                drawn = draw_answer(a.image, result, a.draw, a.score_threshold)
+                print(f"drew {drawn} of {len(result['scores'])} detections (score {a.score_threshold:g} or more) "
+                      f"on {a.draw}", file=sys.stderr)
+        elif a.command == "list":
+            result = list_endpoints(session)
         else:
             result = delete(session, a.endpoint)
         print(json.dumps(result, indent=2))

@@ -1,7 +1,14 @@
 """launch.sagemaker.endpoint against a moto server: the CreateModel, CreateEndpointConfig,
 CreateEndpoint, CreateTransformJob and Delete* requests as they leave botocore, checked against
-the fields AWS documents for them."""
+the fields AWS documents for them; `list`; what `invoke` refuses before sending (invoking a real
+model server: tests/launch/test_serve.py)."""
+import datetime
+import http.server
+import json
+import sys
+
 import boto3
+import botocore.session
 import pytest
 
 from aws_fakes import BUCKET, STACK_OUTPUTS, capture_requests, deploy_stack
@@ -35,7 +42,8 @@ def test_deploy_a_training_jobs_model_sends_the_three_requests(sagemaker_env):
     assert config == {"EndpointConfigName": name, "ProductionVariants": [{
         "VariantName": "AllTraffic", "ModelName": name, "InstanceType": "ml.g4dn.2xlarge", "InitialInstanceCount": 2,
         "ContainerStartupHealthCheckTimeoutInSeconds": endpoint.STARTUP_TIMEOUT_SECONDS}]}
-    assert created == {"EndpointName": name, "EndpointConfigName": name}
+    assert created == {"EndpointName": name, "EndpointConfigName": name,
+                       "Tags": [{"Key": endpoint.MODEL_TAG, "Value": job}]}
     sm = session.client("sagemaker")
     assert sm.describe_endpoint(EndpointName=name)["EndpointConfigName"] == name
     assert sm.describe_model(ModelName=name)["PrimaryContainer"]["ModelDataUrl"] == model_data
@@ -66,14 +74,16 @@ def test_transform_job_reads_an_s3_prefix_of_images(sagemaker_env):
                                 instance_count=3)
     name = result["transform_job"]
     assert name.startswith("maskrcnn-transform-") and models[0]["ModelName"] == name
-    assert models[0]["PrimaryContainer"] == {"Image": IMAGE, "ModelDataUrl": model_data}
+    # images over the real-time limit go this way: the server takes what the job sends
+    assert models[0]["PrimaryContainer"] == {"Image": IMAGE, "ModelDataUrl": model_data,
+                                             "Environment": {"MASKRCNN_MAX_IMAGE_BYTES": str(25 * 1024 * 1024)}}
     assert jobs == [{
         "TransformJobName": name, "ModelName": name,
         "TransformInput": {"DataSource": {"S3DataSource": {"S3DataType": "S3Prefix", "S3Uri": f"s3://{BUCKET}/images/"}},
                            "ContentType": "application/x-image", "SplitType": "None"},
         "TransformOutput": {"S3OutputPath": f"s3://{BUCKET}/detections/", "Accept": "application/json"},
         "TransformResources": {"InstanceType": "ml.g5.xlarge", "InstanceCount": 3},
-        "BatchStrategy": "SingleRecord", "MaxPayloadInMB": 6}]
+        "BatchStrategy": "SingleRecord", "MaxPayloadInMB": 25}]
     described = session.client("sagemaker").describe_transform_job(TransformJobName=name)
     assert described["ModelName"] == name
 
@@ -273,3 +283,116 @@ def test_wait_on_a_failed_transform_job_or_endpoint_says_how_it_ended_and_exits_
     assert captured.err.strip().splitlines() == [
         "endpoint e1: Failed", "failure reason: the container did not pass the ping check",
         "`maskrcnn endpoint delete e1` removes it, its configuration and its model"]
+
+
+def test_list_shows_the_endpoints_deploy_created(sagemaker_env, capsys):
+    session = boto3.session.Session()
+    deploy_stack(session)
+    job, job_model = _finished_job(session)
+    endpoint.deploy(session, training_job=job, name="from-job", instance_type="ml.g4dn.2xlarge", instance_count=2)
+    uri = f"s3://{BUCKET}/models/run1/model.tar.gz"
+    endpoint.deploy(session, model_data=uri, name="from-s3")
+    sm = session.client("sagemaker")
+    # an endpoint in the account that this project did not create
+    sm.create_model(ModelName="other", ExecutionRoleArn=ROLE, PrimaryContainer={"Image": IMAGE, "ModelDataUrl": uri})
+    sm.create_endpoint_config(EndpointConfigName="other", ProductionVariants=[{
+        "VariantName": "AllTraffic", "ModelName": "other", "InstanceType": "ml.m5.large", "InitialInstanceCount": 1}])
+    sm.create_endpoint(EndpointName="other", EndpointConfigName="other")
+    assert endpoint.main(["list"]) == 0
+    listed = {e["endpoint"]: e for e in json.loads(capsys.readouterr().out)}
+    assert sorted(listed) == ["from-job", "from-s3"]
+    for entry in listed.values():
+        created = datetime.datetime.fromisoformat(entry.pop("created"))
+        assert abs(datetime.datetime.now(datetime.timezone.utc) - created) < datetime.timedelta(minutes=5)
+    assert listed["from-job"] == {"endpoint": "from-job", "status": "InService", "instance_type": "ml.g4dn.2xlarge",
+                                  "instance_count": 2, "model": job, "model_data": job_model}
+    assert listed["from-s3"] == {"endpoint": "from-s3", "status": "InService", "instance_type": "ml.g4dn.xlarge",
+                                 "instance_count": 1, "model": uri, "model_data": uri}
+    endpoint.delete(session, "from-job")
+    assert endpoint.list_endpoints(session)[0]["endpoint"] == "from-s3" and len(endpoint.list_endpoints(session)) == 1
+
+
+def test_the_realtime_payload_limit_is_the_one_aws_defines():
+    """botocore carries AWS's API definition: InvokeEndpoint's Body has a maximum length."""
+    model = botocore.session.get_session().get_service_model("sagemaker-runtime")
+    body = model.operation_model("InvokeEndpoint").input_shape.members["Body"]
+    assert body.metadata["max"] == endpoint.REALTIME_MAX_PAYLOAD_BYTES == 6 * 1024 * 1024
+
+
+class _Recorder(http.server.BaseHTTPRequestHandler):
+    """Stands in for SageMaker Runtime: records what reaches it and answers as SageMaker does for an
+    endpoint that does not exist."""
+    seen: list = []
+
+    def do_POST(self):
+        _Recorder.seen.append(self.path)
+        self.rfile.read(int(self.headers["Content-Length"]))
+        body = json.dumps({"message": "Endpoint shapes-v1 of account 123456789012 not found."}).encode()
+        self.send_response(400)
+        self.send_header("x-amzn-ErrorType", "ValidationError:http://internal.amazon.com/coral/com.amazon.sagemaker/")
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_invoke_refuses_what_sagemaker_would_before_sending(aws_env, monkeypatch, tmp_path, capsys):
+    """Over SageMaker's 6 MiB payload limit, not a JPEG or PNG, no file, --draw without OpenCV:
+    each a clear error (exit 2) and no request."""
+    from local_http import serving
+    big = tmp_path / "big.jpg"
+    big.write_bytes(b"\xff\xd8\xff\xe0" + bytes(endpoint.REALTIME_MAX_PAYLOAD_BYTES))    # one JPEG over the limit
+    at_limit = tmp_path / "at-limit.png"
+    at_limit.write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(endpoint.REALTIME_MAX_PAYLOAD_BYTES - 8))
+    notes = tmp_path / "notes.txt"
+    notes.write_text("not an image\n")
+    _Recorder.seen = []
+    with serving(_Recorder) as url:
+        monkeypatch.setenv("AWS_ENDPOINT_URL_SAGEMAKER_RUNTIME", url)
+        cases = [
+            ([str(big)], f"big.jpg is {endpoint.REALTIME_MAX_PAYLOAD_BYTES + 4} bytes, over SageMaker's limit of "
+                         f"6291456 bytes (6 MiB) for a real-time request: run batch transform on it instead "
+                         f"(`maskrcnn endpoint transform --input s3://BUCKET/images/ ...`, up to 25 MB an image)"),
+            ([str(notes)], "notes.txt is not a JPEG or PNG file"),
+            ([str(tmp_path / "missing.jpg")], "no image file"),
+        ]
+        for args, message in cases:
+            assert endpoint.main(["invoke", "shapes-v1", *args]) == 2, args
+            assert message in capsys.readouterr().err, args
+        monkeypatch.setitem(sys.modules, "cv2", None)     # a client install: no OpenCV
+        assert endpoint.main(["invoke", "shapes-v1", str(at_limit), "--draw", str(tmp_path / "d.jpg")]) == 2
+        assert ("--draw needs OpenCV and pycocotools, which this install lacks (no module 'cv2'): "
+                "python -m pip install -c constraints.txt -e '.[draw]'") in capsys.readouterr().err
+        assert _Recorder.seen == []
+        # a file at the limit is sent
+        monkeypatch.delitem(sys.modules, "cv2")
+        assert endpoint.main(["invoke", "shapes-v1", str(at_limit)]) == 2
+        assert _Recorder.seen == ["/endpoints/shapes-v1/invocations"]
+        assert "no endpoint named 'shapes-v1' in service in us-east-1" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        endpoint.main(["invoke", "shapes-v1", str(at_limit), "--draw", "out.gif"])
+    assert "--draw out.gif: name a .jpg or .png file to write" in capsys.readouterr().err
+
+
+def test_draw_a_box_only_answer_and_refuse_an_answer_for_another_size(tmp_path):
+    """An export without masks answers 1x1 placeholder masks: --draw draws the boxes; an answer
+    whose image_size is not the file's as OpenCV reads it cannot be drawn on it."""
+    import cv2
+    import numpy as np
+    from pycocotools import mask as mask_utils
+    image = tmp_path / "grey.png"
+    assert cv2.imwrite(str(image), np.full((40, 60, 3), 128, np.uint8))
+    placeholder = mask_utils.encode(np.zeros((1, 1, 1), np.uint8, order="F"))[0]
+    answer = {"image_size": [40, 60], "boxes": [[10, 5, 30, 25], [0, 0, 5, 5]], "classes": [1, 2],
+              "class_names": ["circle", "square"], "scores": [0.9, 0.1],
+              "masks": [{"size": [1, 1], "counts": placeholder["counts"].decode()}] * 2}
+    assert endpoint.draw_answer(image, answer, tmp_path / "out" / "drawn.png", 0.5) == 1
+    drawn = cv2.imread(str(tmp_path / "out" / "drawn.png"))
+    assert (drawn[10:25, 29] != 128).any(axis=1).all() and (drawn[24, 10:30] != 128).any(axis=1).all()   # its outline
+    assert (drawn[25:] == 128).all() and (drawn[:5, :5] == 128).all()   # nothing below it; not the 0.1 box
+    assert (drawn[18:24, 12:28] == 128).all()     # no mask filled inside it (the label is at its top)
+    with pytest.raises(LaunchError, match="answer is for a 40x60 image, .*grey.png reads as 60x40 here"):
+        endpoint.draw_answer(image, {**answer, "image_size": [60, 40]}, tmp_path / "no.png", 0.5)

@@ -1,6 +1,8 @@
 """The model server for real: gunicorn started the way the image starts it (`maskrcnn-entrypoint
 serve`), on 127.0.0.1 and a free port, with an exported model; requests over HTTP with `requests`."""
 import concurrent.futures
+import http.server
+import io
 import json
 import os
 import subprocess
@@ -212,3 +214,93 @@ def test_bad_settings_and_an_empty_model_directory_are_refused_before_starting(t
     monkeypatch.setenv("SAGEMAKER_BASE_DIR", str(tmp_path / "ml"))
     with pytest.raises(SystemExit, match=f"{tmp_path}/ml/model holds neither"):
         serve.main([])
+
+
+class SageMakerFrontEnd(http.server.BaseHTTPRequestHandler):
+    """Stands in for SageMaker Runtime in front of the container: InvokeEndpoint's
+    POST /endpoints/NAME/invocations goes to the model server's POST /invocations with its body,
+    Content-Type and Accept; a 4xx/5xx of the model server comes back as SageMaker's ModelError
+    (HTTP 424, with OriginalStatusCode and OriginalMessage: the API's ModelError shape)."""
+    model_server = ""
+    seen: list = []
+
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        SageMakerFrontEnd.seen.append((self.path, self.headers["Content-Type"], self.headers.get("Accept")))
+        answer = requests.post(self.model_server + "/invocations", data=body, timeout=120,
+                               headers={"Content-Type": self.headers["Content-Type"], "Accept": self.headers["Accept"]})
+        if answer.ok:
+            status, content_type, payload = 200, answer.headers["Content-Type"], answer.content
+            error_type = None
+        else:
+            status, content_type, error_type = 424, "application/json", "ModelError"
+            payload = json.dumps({"ErrorCode": "CLIENT_ERROR_FROM_MODEL", "OriginalStatusCode": answer.status_code,
+                                  "OriginalMessage": answer.text,
+                                  "Message": f"Received client error ({answer.status_code}) from primary"}).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        if error_type:
+            self.send_header("x-amzn-ErrorType", f"{error_type}:http://internal.amazon.com/coral/com.amazon.sagemaker/")
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def log_message(self, *args):
+        pass
+
+
+def _turned_jpeg(path: Path, out: Path) -> Path:
+    """``path``'s image as a phone stores a portrait photo: pixels turned, EXIF Orientation 6."""
+    from PIL import Image
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    upright = cv2.imread(str(path))[:, :, ::-1]
+    data = io.BytesIO()
+    Image.fromarray(np.ascontiguousarray(np.rot90(upright, 1))).save(data, "JPEG", exif=exif, quality=95)
+    out.write_bytes(data.getvalue())
+    return out
+
+
+@pytest.mark.slow   # the module's server: an export and gunicorn loading TensorFlow
+def test_endpoint_invoke_sends_the_image_and_draws_the_answer(server, images, tmp_path, monkeypatch, capsys):
+    """`maskrcnn endpoint invoke` through a SageMaker Runtime stand-in to the real model server: the
+    answer is the model's; a phone photo is answered and drawn upright; the server's 400 is said."""
+    from launch.sagemaker import endpoint
+    from local_http import serving
+    from training.draw import class_color, draw_instances
+
+    for var, value in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"),
+                       ("AWS_DEFAULT_REGION", "us-east-1")):
+        monkeypatch.setenv(var, value)
+    SageMakerFrontEnd.model_server, SageMakerFrontEnd.seen = server, []
+    with serving(SageMakerFrontEnd) as url:
+        monkeypatch.setenv("AWS_ENDPOINT_URL_SAGEMAKER_RUNTIME", url)
+        photo, expected = images[2]
+        assert endpoint.main(["invoke", "shapes-v1", str(photo)]) == 0
+        assert_same_detections(json.loads(capsys.readouterr().out), expected)
+        assert SageMakerFrontEnd.seen == [("/endpoints/shapes-v1/invocations", "image/jpeg", "application/json")]
+
+        turned = _turned_jpeg(photo, tmp_path / "portrait.jpg")
+        height, width = cv2.imread(str(photo)).shape[:2]
+        drawn = tmp_path / "drawn" / "portrait.png"
+        assert endpoint.main(["invoke", "shapes-v1", str(turned), "--draw", str(drawn),
+                              "--score-threshold", "0.2"]) == 0
+        captured = capsys.readouterr()
+        answer = json.loads(captured.out)
+        assert answer["image_size"] == [height, width]    # upright, as the phone showed it
+        keep = [i for i, s in enumerate(answer["scores"]) if s >= 0.2]
+        assert 0 < len(keep) and f"drew {len(keep)} of {len(answer['scores'])} detections" in captured.err
+        image = cv2.imread(str(turned))
+        expected_drawing = draw_instances(
+            image, np.array([answer["boxes"][i] for i in keep]),
+            np.stack([mask_utils.decode(answer["masks"][i]) for i in keep]),
+            names=[answer["class_names"][i] for i in keep], scores=[answer["scores"][i] for i in keep],
+            colors=[class_color(answer["classes"][i]) for i in keep])
+        np.testing.assert_array_equal(cv2.imread(str(drawn)), expected_drawing)
+        assert (expected_drawing != image).any()
+
+        truncated = tmp_path / "truncated.png"
+        truncated.write_bytes(images[0][0].read_bytes()[:200])
+        assert endpoint.main(["invoke", "shapes-v1", str(truncated)]) == 2
+        assert ("endpoint shapes-v1's model server answered 400: the body could not be decoded as an image"
+                in capsys.readouterr().err)

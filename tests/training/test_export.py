@@ -1,6 +1,7 @@
 """training.export: the SavedModel, loaded with TensorFlow alone in a fresh process, detects what
 ``maskrcnn predict --images`` detects on the same files; its in-graph pre- and
 post-processing matches the OpenCV/NumPy steps training.predict runs."""
+import io
 import json
 
 import cv2
@@ -35,13 +36,16 @@ def exported(tmp_path_factory):
 @pytest.fixture(scope="module")
 def images(exported, tmp_path_factory):
     """The synthetic val images at the model's input size (64 px: nothing to resize), one downscaled
-    as JPEG and one upscaled PNG (the resize runs)."""
+    as JPEG, one upscaled PNG (the resize runs) and a JPEG stored turned with an EXIF orientation."""
     folder = tmp_path_factory.mktemp("images")
     for path in sorted((exported.data / "val2017").iterdir()):
         (folder / path.name).write_bytes(path.read_bytes())
     first = cv2.imread(str(sorted((exported.data / "val2017").iterdir())[0]))
     assert cv2.imwrite(str(folder / "down.jpg"), cv2.resize(first, (100, 80)), [cv2.IMWRITE_JPEG_QUALITY, 90])
     assert cv2.imwrite(str(folder / "up.png"), cv2.resize(first, (50, 40)))
+    # a phone photo: its pixels stored turned, with the EXIF Orientation that turns them upright
+    turned = np.rot90(cv2.resize(first, (100, 80))[:, :, ::-1], 1)
+    (folder / "turned.jpg").write_bytes(_with_orientation(np.ascontiguousarray(turned), 6, "JPEG"))
     return folder
 
 
@@ -160,6 +164,63 @@ def test_graph_steps_match_the_opencv_steps_predict_runs(tf_session, tmp_path):
         assert (got != ref).mean() < 1e-3 and max((g != r).sum() for g, r in zip(got, ref)) <= 5, accurate
     none = sess.run(paste_masks(tf, tf.zeros([0, 4]), tf.zeros([0, 28, 28]), height, width, accurate=True))
     assert none.shape == (0, height, width)
+
+
+def _with_orientation(stored_rgb: np.ndarray, value: int, fmt: str) -> bytes:
+    """An image file (Pillow's writer) of the stored pixels with EXIF Orientation ``value`` in IFD0."""
+    from PIL import Image
+    exif = Image.Exif()
+    exif[0x0112] = value          # Orientation
+    exif[0x010F] = "a phone"      # Make: another entry before it in IFD0
+    out = io.BytesIO()
+    Image.fromarray(stored_rgb).save(out, fmt, exif=exif, **({"quality": 95} if fmt == "JPEG" else {}))
+    return out.getvalue()
+
+
+# How a camera stores an upright picture for each Orientation value (Exif 2.3, 4.6.4: where the
+# stored row 0 and column 0 appear when viewed), as NumPy operations on the upright [H, W] pixels.
+STORED_FOR_ORIENTATION = {
+    1: lambda up: up,                         # row 0 at the top, column 0 on the left
+    2: lambda up: up[:, ::-1],                # top, right: mirrored
+    3: lambda up: up[::-1, ::-1],             # bottom, right: upside down
+    4: lambda up: up[::-1, :],                # bottom, left: mirrored upside down
+    5: lambda up: up.transpose(1, 0, 2),      # left, top: row 0 is the left column
+    6: lambda up: np.rot90(up, 1),            # right, top: the phone held turned clockwise (portrait)
+    7: lambda up: np.rot90(up, 2).transpose(1, 0, 2),   # right, bottom
+    8: lambda up: np.rot90(up, -1),           # left, bottom
+}
+
+
+def test_exif_orientation_is_applied_as_opencv_applies_it(tf_session):
+    """A phone photo's pixels are stored turned, with an EXIF Orientation: the SavedModel's decoder
+    turns them upright as cv2.imread (training.predict) does, for JPEG and PNG (eXIf) alike."""
+    tf, sess = tf_session
+    from training.export import decode_bgr
+
+    # upright: 32 x 48, four flat quadrants of distinct colours (RGB), so a turn or mirror shows
+    upright = np.zeros((32, 48, 3), np.uint8)
+    quadrants = {(0, 0): (220, 30, 30), (0, 1): (30, 200, 40), (1, 0): (40, 40, 220), (1, 1): (240, 240, 240)}
+    for (row, col), rgb in quadrants.items():
+        upright[row * 16:(row + 1) * 16, col * 24:(col + 1) * 24] = rgb
+    data = tf.compat.v1.placeholder(tf.string, [])
+    decoded = decode_bgr(tf, data)
+    for value, store in STORED_FOR_ORIENTATION.items():
+        stored = np.ascontiguousarray(store(upright))
+        assert stored.shape[:2] == ((32, 48) if value <= 4 else (48, 32))
+        for fmt in ("JPEG", "PNG"):
+            file_bytes = _with_orientation(stored, value, fmt)
+            got = sess.run(decoded, {data: file_bytes})
+            np.testing.assert_array_equal(got, cv2.imdecode(np.frombuffer(file_bytes, np.uint8), cv2.IMREAD_COLOR),
+                                          err_msg=f"{fmt} {value}")
+            assert got.shape == (32, 48, 3), (fmt, value)
+            if fmt == "PNG":   # lossless: exactly the upright pixels
+                np.testing.assert_array_equal(got[:, :, ::-1], upright, err_msg=str(value))
+            for (row, col), rgb in quadrants.items():   # JPEG: each quadrant's centre, within JPEG's loss
+                centre = got[row * 16 + 8, col * 24 + 12, ::-1].astype(int)
+                assert np.abs(centre - rgb).max() <= 12, (fmt, value, (row, col), centre)
+    # Orientation values outside 1..8 and files without one are left as stored
+    for file_bytes in (_with_orientation(upright, 9, "JPEG"), _with_orientation(upright, 0, "PNG")):
+        assert sess.run(decoded, {data: file_bytes}).shape == (32, 48, 3)
 
 
 def test_bad_arguments_are_refused_before_anything_is_written(tmp_path):
