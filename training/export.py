@@ -17,8 +17,8 @@ the network, inside the graph:
             masks         uint8 [N, H, W] 0/1 at the image's resolution (with MODE_MASK; else [N, 1, 1] zeros)
 
 Before the network: decode to BGR (OpenCV's order, which the model was trained on), resize the
-short edge to PREPROC.TEST_SHORT_EDGE_SIZE within PREPROC.MAX_SIZE (bilinear, the sizes rounded as
-training.data.augment rounds them), pad to a multiple of 32. After: boxes scaled back and clipped
+short edge to PREPROC.TEST_SHORT_EDGE_SIZE within PREPROC.MAX_SIZE (bilinear, the sizes rounded half
+up as training.data.augment and tensorpack round them), pad to a multiple of 32. After: boxes scaled back and clipped
 to the image, masks pasted at the image's resolution as MRCNN.ACCURATE_PASTE says. JPEG is decoded
 with the accurate integer DCT, OpenCV's, so pixels match what training.predict reads; the resize
 rounds like OpenCV's only to within one grey level, so boxes can differ from training.predict's by a
@@ -65,14 +65,19 @@ def decode_bgr(tf, image_bytes):
 
 def resized_hw(tf, height, width, short_size: float, max_size: float):
     """training.data.augment.resized_shape in the graph: the same float64 arithmetic and the same
-    round-half-to-even, so the sizes are identical."""
+    rounding half up, so the sizes are identical."""
     h, w = tf.cast(height, tf.float64), tf.cast(width, tf.float64)
-    scale = tf.constant(float(short_size), tf.float64) / tf.minimum(h, w)
+    short = tf.constant(float(short_size), tf.float64)
+    scale = short / tf.minimum(h, w)
+    new_h = tf.where(h < w, short, scale * h)
+    new_w = tf.where(h < w, scale * w, short)
     if max_size:
-        longest = tf.maximum(h, w)
-        scale = tf.where(longest * scale > max_size, tf.constant(float(max_size), tf.float64) / longest, scale)
-    new_h = tf.maximum(1, tf.cast(tf.round(h * scale), tf.int32))
-    new_w = tf.maximum(1, tf.cast(tf.round(w * scale), tf.int32))
+        longest = tf.maximum(new_h, new_w)
+        shrink = tf.constant(float(max_size), tf.float64) / longest
+        new_h = tf.where(longest > max_size, new_h * shrink, new_h)
+        new_w = tf.where(longest > max_size, new_w * shrink, new_w)
+    new_h = tf.maximum(1, tf.cast(tf.floor(new_h + 0.5), tf.int32))
+    new_w = tf.maximum(1, tf.cast(tf.floor(new_w + 0.5), tf.int32))
     return new_h, new_w
 
 

@@ -120,13 +120,13 @@ def test_graph_steps_match_the_opencv_steps_predict_runs(tf_session, tmp_path):
     from training.model.mask_head import paste_mask
 
     rng = np.random.default_rng(0)
-    # Sizes: the synthetic tests' 64/64, COCO's 800/1333 and a case whose scaled side ends in
-    # exactly .5 (Python rounds half to even).
-    for short, max_size in ((64, 64), (800, 1333), (5, 0)):
+    # Sizes: the synthetic tests' 64/64, COCO's 800/1344 and a case whose scaled side ends in
+    # exactly .5 (rounded half up).
+    for short, max_size in ((64, 64), (800, 1344), (5, 0)):
         sizes = [(h, w) for h in (1, 2, 3, 37, 64, 100, 427, 480, 640, 1333) for w in (1, 9, 64, 333, 640, 2000)]
         got = sess.run([resized_hw(tf, h, w, short, max_size) for h, w in sizes])
         assert [tuple(int(v) for v in g) for g in got] == [resized_shape(h, w, short, max_size) for h, w in sizes]
-    assert resized_shape(2, 3, 5, 0) == (5, 8)    # 7.5 -> 8 (half to even), which the graph gives too
+    assert resized_shape(2, 5, 5, 0) == (5, 13)   # 12.5 -> 13 (half up), which the graph gives too
 
     image = cv2.GaussianBlur(rng.integers(0, 256, (61, 83, 3), dtype=np.uint8), (7, 7), 3)
     files = {"img.jpg": [cv2.IMWRITE_JPEG_QUALITY, 85], "img.png": [], "grey.png": []}
