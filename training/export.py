@@ -19,7 +19,8 @@ the network, inside the graph:
 Before the network: decode to BGR (OpenCV's order, which the model was trained on), resize the
 short edge to PREPROC.TEST_SHORT_EDGE_SIZE within PREPROC.MAX_SIZE (bilinear, the sizes rounded half
 up as training.data.augment and tensorpack round them), pad to a multiple of 32. After: boxes scaled back and clipped
-to the image, masks pasted at the image's resolution as MRCNN.ACCURATE_PASTE says. JPEG is decoded
+to the image, masks pasted at the image's resolution as MRCNN.ACCURATE_PASTE says, by the very
+ops training.predict pastes with (training.model.mask_head.paste_masks_graph, on the CPU). JPEG is decoded
 with the accurate integer DCT, OpenCV's, so pixels match what training.predict reads; the resize
 rounds like OpenCV's only to within one grey level, so boxes can differ from training.predict's by a
 fraction of a pixel. Unlike OpenCV, TensorFlow's decoder ignores a JPEG's EXIF orientation.
@@ -100,58 +101,6 @@ def preprocess(tf, image_bytes, cfg):
     return batch, image_hw, (sx, sy), (height, width)
 
 
-def _interpolation_matrix(tf, coords, size: int, *, clamp: bool):
-    """``[L, size]`` weights that sample a length-``size`` signal at ``coords`` [L] linearly: row i
-    has 1 - f at floor(c) and f at floor(c) + 1. Outside the signal the weight is dropped (a zero
-    border, cv2.remap's BORDER_CONSTANT), or with ``clamp`` the position is clamped (cv2.resize)."""
-    if clamp:
-        coords = tf.clip_by_value(coords, 0.0, float(size - 1))
-    left = tf.floor(coords)
-    frac = (coords - left)[:, None]
-    left = tf.cast(left, tf.int32)
-    # one_hot of an index outside [0, size) is a zero row: exactly the dropped border sample
-    return tf.one_hot(left, size) * (1.0 - frac) + tf.one_hot(left + 1, size) * frac
-
-
-def paste_masks(tf, boxes, masks, height, width, *, accurate: bool, threshold: float = 0.5):
-    """training.model.mask_head.paste_mask for every detection: ``[N, height, width]`` uint8.
-
-    Bilinear sampling on a regular grid is separable, so each pasted mask is
-    ``rows [H, S] @ mask [S, S] @ cols [W, S]^T``, restricted to the pixels paste_mask covers."""
-    size = masks.shape[-1]
-    xs_all = tf.cast(tf.range(width), tf.float32)
-    ys_all = tf.cast(tf.range(height), tf.float32)
-
-    def one(args):
-        box, mask = args
-        x1, y1, x2, y2 = box[0], box[1], box[2], box[3]
-        if accurate:
-            # mask bin j covers x1 + [j, j + 1) * (x2 - x1) / S; sampled at the pixel centres
-            xs = (xs_all + 0.5 - x1) / tf.maximum(x2 - x1, 1e-6) * size - 0.5
-            ys = (ys_all + 0.5 - y1) / tf.maximum(y2 - y1, 1e-6) * size - 0.5
-            col_in = (xs_all >= tf.floor(x1)) & (xs_all < tf.math.ceil(x2))
-            row_in = (ys_all >= tf.floor(y1)) & (ys_all < tf.math.ceil(y2))
-        else:
-            # the mask resized to the box rounded to whole pixels (half to even, as Python's round)
-            rx1, ry1 = tf.round(x1), tf.round(y1)
-            rx2, ry2 = tf.maximum(tf.round(x2), rx1 + 1), tf.maximum(tf.round(y2), ry1 + 1)
-            xs = (xs_all - rx1 + 0.5) * (size / (rx2 - rx1)) - 0.5
-            ys = (ys_all - ry1 + 0.5) * (size / (ry2 - ry1)) - 0.5
-            col_in = (xs_all >= rx1) & (xs_all < rx2)
-            row_in = (ys_all >= ry1) & (ys_all < ry2)
-        cols = _interpolation_matrix(tf, xs, size, clamp=not accurate)
-        rows = _interpolation_matrix(tf, ys, size, clamp=not accurate)
-        sampled = tf.matmul(tf.matmul(rows, mask), cols, transpose_b=True)
-        inside = row_in[:, None] & col_in[None, :]
-        return tf.cast((sampled >= threshold) & inside, tf.uint8)
-
-    def pasted():
-        return tf.map_fn(one, (boxes, masks), fn_output_signature=tf.TensorSpec([None, None], tf.uint8))
-
-    # map_fn cannot stack zero masks of a shape known only at run time
-    return tf.cond(tf.shape(boxes)[0] > 0, pasted, lambda: tf.zeros([0, height, width], tf.uint8))
-
-
 def postprocess(tf, cfg, outputs, scale, image_size, category_ids: dict[int, int], class_names: list[str]):
     """The signature's outputs from the network's (boxes, scores, labels 1..C, soft ROI masks,
     detections per image): a batch of one image, so every detection is its."""
@@ -170,7 +119,8 @@ def postprocess(tf, cfg, outputs, scale, image_size, category_ids: dict[int, int
               "class_names": tf.gather(tf.constant(class_names), labels),
               "scores": tf.reshape(scores, [-1])}
     if cfg.MODE_MASK:
-        result["masks"] = paste_masks(tf, boxes, masks, height, width, accurate=cfg.MRCNN.ACCURATE_PASTE)
+        from training.model.mask_head import paste_masks_graph
+        result["masks"] = paste_masks_graph(boxes, masks, height, width, accurate=cfg.MRCNN.ACCURATE_PASTE)
     else:
         result["masks"] = tf.zeros([tf.shape(boxes)[0], 1, 1], tf.uint8)
     return {k: tf.identity(v, name=f"export/{k}") for k, v in result.items()}
