@@ -4,7 +4,9 @@ detections in that image's pixels, so that a client (or the serving container) n
     maskrcnn export --checkpoint train_log/run1 --output exported/run1
 
 --checkpoint is a log dir (its latest checkpoint) or a checkpoint prefix, as for training.predict;
-the run's config.json next to it rebuilds the model. The export directory holds the SavedModel
+the run's config.json next to it rebuilds the model. A published model file (tensorpack's .npz,
+e.g. COCO-R50FPN-MaskRCNN-Standard.npz) exports as training.predict runs it: the default config,
+COCO's classes for 81 class outputs, or --split NAME's (with --config DATA.BASEDIR=...). The export directory holds the SavedModel
 (saved_model.pb, variables/), ``classes.json`` (the dataset's category ids and names) and the run's
 ``config.json``. Its one signature, ``serving_default``, runs what ``training.predict`` runs around
 the network, inside the graph:
@@ -45,7 +47,10 @@ CLASSES_FILE = "classes.json"     # {"categories": [{"id": category id, "name": 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="maskrcnn export", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--checkpoint", required=True, help="log dir or checkpoint prefix (model-STEP)")
+    p.add_argument("--checkpoint", required=True,
+                   help="log dir, checkpoint prefix (model-STEP) or model file (tensorpack .npz)")
+    p.add_argument("--split", help="with a model file: the dataset split whose classes the file was trained on "
+                                   "(default: COCO's 80 for a file with 81 class outputs)")
     p.add_argument("--output", required=True, help="directory to create for the SavedModel (must not exist, or be empty)")
     p.add_argument("--config", nargs="*", default=[], metavar="KEY=VALUE",
                    help="config overrides (e.g. TEST.RESULT_SCORE_THRESH=0.3)")
@@ -133,14 +138,26 @@ def check_output_dir(output: Path) -> None:
                          f"(an export is never written over another)")
 
 
-def export(checkpoint_arg: str, output: str | os.PathLike, overrides=()) -> Path:
-    """Write the SavedModel of ``checkpoint_arg`` to ``output``; returns the directory."""
+def export(checkpoint_arg: str, output: str | os.PathLike, overrides=(), split_name: str | None = None) -> Path:
+    """Write the SavedModel of ``checkpoint_arg`` (a run or a model file) to ``output``; returns the directory."""
+    from training import predict
     from training.predict import load_run_config, predict_session_config, resolve_checkpoint
 
     output = Path(output)
     check_output_dir(output)
-    checkpoint, logdir = resolve_checkpoint(checkpoint_arg)
-    cfg, category_ids = load_run_config(logdir, list(overrides))
+    if predict.is_model_file(checkpoint_arg):
+        checkpoint, logdir = checkpoint_arg, None
+        split = None
+        if split_name:
+            split = predict._load_split(predict.base_config(overrides).DATA.BASEDIR, split_name)
+            if split is None:
+                raise SystemExit(2)
+        cfg, category_ids = predict.model_file_config(checkpoint, list(overrides), split)
+    else:
+        if split_name:
+            raise SystemExit("error: --split names a model file's classes; a run's config.json has its own")
+        checkpoint, logdir = resolve_checkpoint(checkpoint_arg)
+        cfg, category_ids = load_run_config(logdir, list(overrides))
     class_names = list(cfg.DATA.CLASS_NAMES)
     missing = [i for i in range(1, len(class_names)) if i not in category_ids]
     if missing:
@@ -150,7 +167,6 @@ def export(checkpoint_arg: str, output: str | os.PathLike, overrides=()) -> Path
     from training.compat import tf, tf1, use_graph_mode
     use_graph_mode()
     from tensorflow.python.saved_model import signature_def_utils, tag_constants
-    from tensorpack.tfutils.sessinit import SmartInit
     from tensorpack.tfutils.tower import PredictTowerContext
     from training.callbacks import CONFIG_FILE
     from training.model.generalized_rcnn import OUTPUT_NAMES, MaskRCNN
@@ -172,14 +188,17 @@ def export(checkpoint_arg: str, output: str | os.PathLike, overrides=()) -> Path
         signature = signature_def_utils.predict_signature_def(inputs={INPUT_NAME: image_bytes}, outputs=outputs)
         with tf1.Session(graph=graph, config=predict_session_config()) as sess:
             sess.run(tf1.global_variables_initializer())
-            SmartInit(checkpoint).init(sess)
+            predict.model_session_init(checkpoint).init(sess)
             builder = tf1.saved_model.Builder(str(staging))
             builder.add_meta_graph_and_variables(sess, [tag_constants.SERVING],
                                                  signature_def_map={SIGNATURE: signature}, strip_default_attrs=True)
             builder.save()
     categories = [{"id": category_ids[i], "name": class_names[i]} for i in range(1, len(class_names))]
     (staging / CLASSES_FILE).write_text(json.dumps({"categories": categories}, indent=1) + "\n")
-    shutil.copyfile(logdir / CONFIG_FILE, staging / CONFIG_FILE)
+    if logdir is not None:
+        shutil.copyfile(logdir / CONFIG_FILE, staging / CONFIG_FILE)
+    else:   # a model file: the config it was exported with, in a run's config.json format
+        (staging / CONFIG_FILE).write_text(json.dumps({**cfg.to_dict(), "_category_ids": category_ids}, indent=1) + "\n")
     if output.exists():
         output.rmdir()   # empty (checked above)
     os.replace(staging, output)
@@ -188,7 +207,7 @@ def export(checkpoint_arg: str, output: str | os.PathLike, overrides=()) -> Path
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    out = export(args.checkpoint, args.output, args.config)
+    out = export(args.checkpoint, args.output, args.config, args.split)
     print(f"exported a SavedModel to {out} (signature {SIGNATURE}: {INPUT_NAME} -> {', '.join(OUTPUT_KEYS)})")
     return 0
 
