@@ -145,7 +145,7 @@ def model_file_config(path: str, overrides, split=None):
     cfg = base_config(overrides)
     try:
         finalize(cfg, num_ranks=1, class_names=class_names)
-        check_model_file(path, cfg)
+        check_model_file(path, cfg, key="--checkpoint")
     except ConfigError as err:   # WeightsError is one: names the variable and the keys to set
         raise SystemExit(f"error: {err}")
     return cfg, category_ids
