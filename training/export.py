@@ -6,7 +6,8 @@ detections in that image's pixels, so that a client (or the serving container) n
 --checkpoint is a log dir (its latest checkpoint) or a checkpoint prefix, as for training.predict;
 the run's config.json next to it rebuilds the model. A published model file (tensorpack's .npz,
 e.g. COCO-R50FPN-MaskRCNN-Standard.npz) exports as training.predict runs it: the default config,
-COCO's classes for 81 class outputs, or --split NAME's (with --config DATA.BASEDIR=...). The export directory holds the SavedModel
+COCO's classes for 81 class outputs, or --split NAME's (with --config DATA.BASEDIR=...); its
+config.json is written from that config. The export directory holds the SavedModel
 (saved_model.pb, variables/), ``classes.json`` (the dataset's category ids and names) and the run's
 ``config.json``. Its one signature, ``serving_default``, runs what ``training.predict`` runs around
 the network, inside the graph:
@@ -19,11 +20,11 @@ the network, inside the graph:
             masks         uint8 [N, H, W] 0/1 at the image's resolution (with MODE_MASK; else [N, 1, 1] zeros)
 
 Before the network: decode to BGR (OpenCV's order, which the model was trained on), resize the
-short edge to PREPROC.TEST_SHORT_EDGE_SIZE within PREPROC.MAX_SIZE (bilinear, the sizes rounded half
-up as training.data.augment and tensorpack round them), pad to a multiple of 32. After: boxes scaled back and clipped
-to the image, masks pasted at the image's resolution as MRCNN.ACCURATE_PASTE says, by the very
-ops training.predict pastes with (training.model.mask_head.paste_masks_graph, on the CPU). JPEG is decoded
-with the accurate integer DCT, OpenCV's, so pixels match what training.predict reads; the resize
+short edge to PREPROC.TEST_SHORT_EDGE_SIZE within PREPROC.MAX_SIZE (bilinear, the sizes rounded
+half up as training.data.augment and tensorpack round them), pad to a multiple of 32. After: boxes
+scaled back and clipped to the image, masks pasted at the image's resolution as
+MRCNN.ACCURATE_PASTE says, by the very ops training.predict pastes with
+(training.model.mask_head.paste_masks_graph, on the CPU). JPEG is decoded with the accurate integer DCT, OpenCV's, so pixels match what training.predict reads; the resize
 rounds like OpenCV's only to within one grey level, so boxes can differ from training.predict's by a
 fraction of a pixel. Unlike OpenCV, TensorFlow's decoder ignores a JPEG's EXIF orientation.
 

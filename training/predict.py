@@ -10,8 +10,10 @@ COCO-R50FPN-MaskRCNN-Standard.npz, as tensorpack's predict.py --load takes it: t
 default config (R50-FPN Mask R-CNN, the file's architecture; --config changes it), every variable
 restored from the file; the classes are the --split's, or COCO's 80 for a file with 81 class outputs.
 
-    maskrcnn predict --checkpoint COCO-R50FPN-MaskRCNN-Standard.npz --images photos/ --draw drawn/ With --split the image ids and category ids are the dataset's;
-with --images the images are numbered 1.. in file-name order, each result also names its file.
+    maskrcnn predict --checkpoint COCO-R50FPN-MaskRCNN-Standard.npz --images photos/ --draw drawn/
+
+With --split the image ids and category ids are the dataset's; with --images the images are
+numbered 1.. in file-name order, each result also names its file.
 --evaluate scores a split's results with COCOeval and prints the metric lines and mAP table that
 training prints (for a run trained with DATA.VAL=(), or another split).
 --draw DIR writes every image with its detections of at least --score-threshold drawn on it
