@@ -24,7 +24,8 @@ short edge to PREPROC.TEST_SHORT_EDGE_SIZE within PREPROC.MAX_SIZE (bilinear, th
 half up as training.data.augment and tensorpack round them), pad to a multiple of 32. After: boxes
 scaled back and clipped to the image, masks pasted at the image's resolution as
 MRCNN.ACCURATE_PASTE says, by the very ops training.predict pastes with
-(training.model.mask_head.paste_masks_graph, on the CPU). JPEG is decoded with the accurate integer DCT, OpenCV's, so pixels match what training.predict reads; the resize
+(training.model.mask_head.paste_masks_graph, on the CPU). JPEG is decoded
+with the accurate integer DCT, OpenCV's, so pixels match what training.predict reads; the resize
 rounds like OpenCV's only to within one grey level, so boxes can differ from training.predict's by a
 fraction of a pixel. Unlike OpenCV, TensorFlow's decoder ignores a JPEG's EXIF orientation.
 
