@@ -55,13 +55,14 @@ COMMANDS: dict[str, Command] = {
                          "train"),
     "smoke-aws": Command("launch.smoke", "deploy a small CPU copy on your account, train both ways, tear down",
                          "maskrcnn smoke-aws --region us-east-1", "train"),
-    "predict": Command("training.predict", "detections of a checkpoint on images or a split, drawn on request, "
+    "predict": Command("training.predict", "detections of a checkpoint or model file on images or a split, drawn on "
+                       "request, "
                        "and COCO evaluation", "maskrcnn predict --checkpoint runs/r1 --split val2017 "
                        "--output results.json", "results"),
-    "evaluate": Command("training.predict", "COCO evaluation of a checkpoint on a split: the mAP table with "
+    "evaluate": Command("training.predict", "COCO evaluation of a checkpoint or model file on a split: the mAP table with "
                         "the AP of each class", "maskrcnn evaluate --checkpoint runs/r1 --split val2017",
                         "results", args=("--evaluate",)),
-    "export": Command("training.export", "a checkpoint as a TensorFlow SavedModel that takes image bytes",
+    "export": Command("training.export", "a checkpoint or model file as a TensorFlow SavedModel that takes image bytes",
                       "maskrcnn export --checkpoint runs/r1 --output exported/r1", "serve"),
     "serve": Command("launch.sagemaker.serve", "the model server of SageMaker's hosting contract (GET /ping, "
                      "POST /invocations on port 8080)", "maskrcnn serve --model-dir exported/r1", "serve"),

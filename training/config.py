@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import copy
+import math
 from typing import Any, Iterable
 
 from training.data import splits as split_entries
@@ -232,7 +233,7 @@ _C.TRAIN.EVAL_MAX_IMAGES = 0      # evaluate on at most this many validation ima
 # Preprocessing
 _C.PREPROC.TRAIN_SHORT_EDGE_SIZE = [800, 800]   # [min, max] sampled per image
 _C.PREPROC.TEST_SHORT_EDGE_SIZE = 800
-_C.PREPROC.MAX_SIZE = 1333
+_C.PREPROC.MAX_SIZE = 1333   # with MODE_FPN rounded up to a multiple of COARSEST_STRIDE (1344), as tensorpack does
 # Images are BGR (OpenCV's order, kept by the input pipeline) and so are these statistics: the
 # order tensorpack's ImageNet-*-AlignPadding.npz weights were trained with. Their conv0 is frozen
 # (FREEZE_AT=2), so RGB input or RGB-ordered statistics could never be corrected by training.
@@ -312,6 +313,8 @@ def new_config() -> AttrDict:
 BLOCK_CHOICES = ("bottleneck", "basic")
 DATA_FORMAT_CHOICES = ("NHWC", "NCHW", "auto")
 FPN_LEVEL_STRIDES = (4, 8, 16, 32, 64)   # P2..P6
+# The backbone's coarsest feature stride (res5): padded image sides divide by it so every level aligns.
+COARSEST_STRIDE = 32
 FRCNN_HEAD_CHOICES = ("fastrcnn_2fc_head", "fastrcnn_4conv1fc_head", "fastrcnn_4conv1fc_gn_head")
 MRCNN_HEAD_CHOICES = ("maskrcnn_up4conv_head", "maskrcnn_up4conv_gn_head")
 # Reference global batch for BASE_LR, LR_SCHEDULE and WARMUP (tensorpack's 8 GPUs x 1 image).
@@ -466,6 +469,10 @@ def _finalize(cfg: AttrDict, *, num_ranks: int, class_names, has_gpu, num_train_
              f"PREPROC.TEST_SHORT_EDGE_SIZE must be a positive integer, got {cfg.PREPROC.TEST_SHORT_EDGE_SIZE!r}")
     _require(isinstance(cfg.PREPROC.MAX_SIZE, (int, float)) and cfg.PREPROC.MAX_SIZE >= max(short[1], cfg.PREPROC.TEST_SHORT_EDGE_SIZE),
              f"PREPROC.MAX_SIZE ({cfg.PREPROC.MAX_SIZE!r}) must be >= the short-edge sizes")
+    if cfg.MODE_FPN:
+        # tensorpack's finalize_configs: an FPN model's longest side is a whole number of res5 cells,
+        # so the image fills its padded input exactly (1333 -> 1344). The box-decoding clip follows it.
+        cfg.PREPROC.MAX_SIZE = int(math.ceil(cfg.PREPROC.MAX_SIZE / COARSEST_STRIDE) * COARSEST_STRIDE)
 
     # -- schedule
     bs = cfg.TRAIN.BATCH_SIZE_PER_GPU

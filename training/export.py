@@ -4,7 +4,10 @@ detections in that image's pixels, so that a client (or the serving container) n
     maskrcnn export --checkpoint train_log/run1 --output exported/run1
 
 --checkpoint is a log dir (its latest checkpoint) or a checkpoint prefix, as for training.predict;
-the run's config.json next to it rebuilds the model. The export directory holds the SavedModel
+the run's config.json next to it rebuilds the model. A published model file (tensorpack's .npz,
+e.g. COCO-R50FPN-MaskRCNN-Standard.npz) exports as training.predict runs it: the default config,
+COCO's classes for 81 class outputs, or --split NAME's (with --config DATA.BASEDIR=...); its
+config.json is written from that config. The export directory holds the SavedModel
 (saved_model.pb, variables/), ``classes.json`` (the dataset's category ids and names) and the run's
 ``config.json``. Its one signature, ``serving_default``, runs what ``training.predict`` runs around
 the network, inside the graph:
@@ -17,9 +20,11 @@ the network, inside the graph:
             masks         uint8 [N, H, W] 0/1 at the image's resolution (with MODE_MASK; else [N, 1, 1] zeros)
 
 Before the network: decode to BGR (OpenCV's order, which the model was trained on), resize the
-short edge to PREPROC.TEST_SHORT_EDGE_SIZE within PREPROC.MAX_SIZE (bilinear, the sizes rounded as
-training.data.augment rounds them), pad to a multiple of 32. After: boxes scaled back and clipped
-to the image, masks pasted at the image's resolution as MRCNN.ACCURATE_PASTE says. JPEG is decoded
+short edge to PREPROC.TEST_SHORT_EDGE_SIZE within PREPROC.MAX_SIZE (bilinear, the sizes rounded
+half up as training.data.augment and tensorpack round them), pad to a multiple of 32. After: boxes
+scaled back and clipped to the image, masks pasted at the image's resolution as
+MRCNN.ACCURATE_PASTE says, by the very ops training.predict pastes with
+(training.model.mask_head.paste_masks_graph, on the CPU). JPEG is decoded
 with the accurate integer DCT, OpenCV's, so pixels match what training.predict reads; the resize
 rounds like OpenCV's only to within one grey level, so boxes can differ from training.predict's by a
 fraction of a pixel. An EXIF orientation is applied, as OpenCV applies it (training/exif.py).
@@ -44,7 +49,10 @@ CLASSES_FILE = "classes.json"     # {"categories": [{"id": category id, "name": 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="maskrcnn export", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--checkpoint", required=True, help="log dir or checkpoint prefix (model-STEP)")
+    p.add_argument("--checkpoint", required=True,
+                   help="log dir, checkpoint prefix (model-STEP) or model file (tensorpack .npz)")
+    p.add_argument("--split", help="with a model file: the dataset split whose classes the file was trained on "
+                                   "(default: COCO's 80 for a file with 81 class outputs)")
     p.add_argument("--output", required=True, help="directory to create for the SavedModel (must not exist, or be empty)")
     p.add_argument("--config", nargs="*", default=[], metavar="KEY=VALUE",
                    help="config overrides (e.g. TEST.RESULT_SCORE_THRESH=0.3)")
@@ -70,14 +78,19 @@ def decode_bgr(tf, image_bytes):
 
 def resized_hw(tf, height, width, short_size: float, max_size: float):
     """training.data.augment.resized_shape in the graph: the same float64 arithmetic and the same
-    round-half-to-even, so the sizes are identical."""
+    rounding half up, so the sizes are identical."""
     h, w = tf.cast(height, tf.float64), tf.cast(width, tf.float64)
-    scale = tf.constant(float(short_size), tf.float64) / tf.minimum(h, w)
+    short = tf.constant(float(short_size), tf.float64)
+    scale = short / tf.minimum(h, w)
+    new_h = tf.where(h < w, short, scale * h)
+    new_w = tf.where(h < w, scale * w, short)
     if max_size:
-        longest = tf.maximum(h, w)
-        scale = tf.where(longest * scale > max_size, tf.constant(float(max_size), tf.float64) / longest, scale)
-    new_h = tf.maximum(1, tf.cast(tf.round(h * scale), tf.int32))
-    new_w = tf.maximum(1, tf.cast(tf.round(w * scale), tf.int32))
+        longest = tf.maximum(new_h, new_w)
+        shrink = tf.constant(float(max_size), tf.float64) / longest
+        new_h = tf.where(longest > max_size, new_h * shrink, new_h)
+        new_w = tf.where(longest > max_size, new_w * shrink, new_w)
+    new_h = tf.maximum(1, tf.cast(tf.floor(new_h + 0.5), tf.int32))
+    new_w = tf.maximum(1, tf.cast(tf.floor(new_w + 0.5), tf.int32))
     return new_h, new_w
 
 
@@ -100,58 +113,6 @@ def preprocess(tf, image_bytes, cfg):
     return batch, image_hw, (sx, sy), (height, width)
 
 
-def _interpolation_matrix(tf, coords, size: int, *, clamp: bool):
-    """``[L, size]`` weights that sample a length-``size`` signal at ``coords`` [L] linearly: row i
-    has 1 - f at floor(c) and f at floor(c) + 1. Outside the signal the weight is dropped (a zero
-    border, cv2.remap's BORDER_CONSTANT), or with ``clamp`` the position is clamped (cv2.resize)."""
-    if clamp:
-        coords = tf.clip_by_value(coords, 0.0, float(size - 1))
-    left = tf.floor(coords)
-    frac = (coords - left)[:, None]
-    left = tf.cast(left, tf.int32)
-    # one_hot of an index outside [0, size) is a zero row: exactly the dropped border sample
-    return tf.one_hot(left, size) * (1.0 - frac) + tf.one_hot(left + 1, size) * frac
-
-
-def paste_masks(tf, boxes, masks, height, width, *, accurate: bool, threshold: float = 0.5):
-    """training.model.mask_head.paste_mask for every detection: ``[N, height, width]`` uint8.
-
-    Bilinear sampling on a regular grid is separable, so each pasted mask is
-    ``rows [H, S] @ mask [S, S] @ cols [W, S]^T``, restricted to the pixels paste_mask covers."""
-    size = masks.shape[-1]
-    xs_all = tf.cast(tf.range(width), tf.float32)
-    ys_all = tf.cast(tf.range(height), tf.float32)
-
-    def one(args):
-        box, mask = args
-        x1, y1, x2, y2 = box[0], box[1], box[2], box[3]
-        if accurate:
-            # mask bin j covers x1 + [j, j + 1) * (x2 - x1) / S; sampled at the pixel centres
-            xs = (xs_all + 0.5 - x1) / tf.maximum(x2 - x1, 1e-6) * size - 0.5
-            ys = (ys_all + 0.5 - y1) / tf.maximum(y2 - y1, 1e-6) * size - 0.5
-            col_in = (xs_all >= tf.floor(x1)) & (xs_all < tf.math.ceil(x2))
-            row_in = (ys_all >= tf.floor(y1)) & (ys_all < tf.math.ceil(y2))
-        else:
-            # the mask resized to the box rounded to whole pixels (half to even, as Python's round)
-            rx1, ry1 = tf.round(x1), tf.round(y1)
-            rx2, ry2 = tf.maximum(tf.round(x2), rx1 + 1), tf.maximum(tf.round(y2), ry1 + 1)
-            xs = (xs_all - rx1 + 0.5) * (size / (rx2 - rx1)) - 0.5
-            ys = (ys_all - ry1 + 0.5) * (size / (ry2 - ry1)) - 0.5
-            col_in = (xs_all >= rx1) & (xs_all < rx2)
-            row_in = (ys_all >= ry1) & (ys_all < ry2)
-        cols = _interpolation_matrix(tf, xs, size, clamp=not accurate)
-        rows = _interpolation_matrix(tf, ys, size, clamp=not accurate)
-        sampled = tf.matmul(tf.matmul(rows, mask), cols, transpose_b=True)
-        inside = row_in[:, None] & col_in[None, :]
-        return tf.cast((sampled >= threshold) & inside, tf.uint8)
-
-    def pasted():
-        return tf.map_fn(one, (boxes, masks), fn_output_signature=tf.TensorSpec([None, None], tf.uint8))
-
-    # map_fn cannot stack zero masks of a shape known only at run time
-    return tf.cond(tf.shape(boxes)[0] > 0, pasted, lambda: tf.zeros([0, height, width], tf.uint8))
-
-
 def postprocess(tf, cfg, outputs, scale, image_size, category_ids: dict[int, int], class_names: list[str]):
     """The signature's outputs from the network's (boxes, scores, labels 1..C, soft ROI masks,
     detections per image): a batch of one image, so every detection is its."""
@@ -170,7 +131,8 @@ def postprocess(tf, cfg, outputs, scale, image_size, category_ids: dict[int, int
               "class_names": tf.gather(tf.constant(class_names), labels),
               "scores": tf.reshape(scores, [-1])}
     if cfg.MODE_MASK:
-        result["masks"] = paste_masks(tf, boxes, masks, height, width, accurate=cfg.MRCNN.ACCURATE_PASTE)
+        from training.model.mask_head import paste_masks_graph
+        result["masks"] = paste_masks_graph(boxes, masks, height, width, accurate=cfg.MRCNN.ACCURATE_PASTE)
     else:
         result["masks"] = tf.zeros([tf.shape(boxes)[0], 1, 1], tf.uint8)
     return {k: tf.identity(v, name=f"export/{k}") for k, v in result.items()}
@@ -183,14 +145,26 @@ def check_output_dir(output: Path) -> None:
                          f"(an export is never written over another)")
 
 
-def export(checkpoint_arg: str, output: str | os.PathLike, overrides=()) -> Path:
-    """Write the SavedModel of ``checkpoint_arg`` to ``output``; returns the directory."""
+def export(checkpoint_arg: str, output: str | os.PathLike, overrides=(), split_name: str | None = None) -> Path:
+    """Write the SavedModel of ``checkpoint_arg`` (a run or a model file) to ``output``; returns the directory."""
+    from training import predict
     from training.predict import load_run_config, predict_session_config, resolve_checkpoint
 
     output = Path(output)
     check_output_dir(output)
-    checkpoint, logdir = resolve_checkpoint(checkpoint_arg)
-    cfg, category_ids = load_run_config(logdir, list(overrides))
+    if predict.is_model_file(checkpoint_arg):
+        checkpoint, logdir = checkpoint_arg, None
+        split = None
+        if split_name:
+            split = predict._load_split(predict.base_config(overrides).DATA.BASEDIR, split_name)
+            if split is None:
+                raise SystemExit(2)
+        cfg, category_ids = predict.model_file_config(checkpoint, list(overrides), split)
+    else:
+        if split_name:
+            raise SystemExit("error: --split names a model file's classes; a run's config.json has its own")
+        checkpoint, logdir = resolve_checkpoint(checkpoint_arg)
+        cfg, category_ids = load_run_config(logdir, list(overrides))
     class_names = list(cfg.DATA.CLASS_NAMES)
     missing = [i for i in range(1, len(class_names)) if i not in category_ids]
     if missing:
@@ -200,7 +174,6 @@ def export(checkpoint_arg: str, output: str | os.PathLike, overrides=()) -> Path
     from training.compat import tf, tf1, use_graph_mode
     use_graph_mode()
     from tensorflow.python.saved_model import signature_def_utils, tag_constants
-    from tensorpack.tfutils.sessinit import SmartInit
     from tensorpack.tfutils.tower import PredictTowerContext
     from training.callbacks import CONFIG_FILE
     from training.model.generalized_rcnn import OUTPUT_NAMES, MaskRCNN
@@ -222,14 +195,17 @@ def export(checkpoint_arg: str, output: str | os.PathLike, overrides=()) -> Path
         signature = signature_def_utils.predict_signature_def(inputs={INPUT_NAME: image_bytes}, outputs=outputs)
         with tf1.Session(graph=graph, config=predict_session_config()) as sess:
             sess.run(tf1.global_variables_initializer())
-            SmartInit(checkpoint).init(sess)
+            predict.model_session_init(checkpoint).init(sess)
             builder = tf1.saved_model.Builder(str(staging))
             builder.add_meta_graph_and_variables(sess, [tag_constants.SERVING],
                                                  signature_def_map={SIGNATURE: signature}, strip_default_attrs=True)
             builder.save()
     categories = [{"id": category_ids[i], "name": class_names[i]} for i in range(1, len(class_names))]
     (staging / CLASSES_FILE).write_text(json.dumps({"categories": categories}, indent=1) + "\n")
-    shutil.copyfile(logdir / CONFIG_FILE, staging / CONFIG_FILE)
+    if logdir is not None:
+        shutil.copyfile(logdir / CONFIG_FILE, staging / CONFIG_FILE)
+    else:   # a model file: the config it was exported with, in a run's config.json format
+        (staging / CONFIG_FILE).write_text(json.dumps({**cfg.to_dict(), "_category_ids": category_ids}, indent=1) + "\n")
     if output.exists():
         output.rmdir()   # empty (checked above)
     os.replace(staging, output)
@@ -238,7 +214,7 @@ def export(checkpoint_arg: str, output: str | os.PathLike, overrides=()) -> Path
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    out = export(args.checkpoint, args.output, args.config)
+    out = export(args.checkpoint, args.output, args.config, args.split)
     print(f"exported a SavedModel to {out} (signature {SIGNATURE}: {INPUT_NAME} -> {', '.join(OUTPUT_KEYS)})")
     return 0
 

@@ -16,7 +16,7 @@ import numpy as np
 
 from training.data.augment import resized_shape
 from training.data.pipeline import padded_size, prepare_test_image
-from training.model.mask_head import paste_mask
+from training.model.mask_head import mask_paster
 
 # Images read ahead per batch slot while waiting for images of the same padded size.
 WINDOW_PER_SLOT = 4
@@ -83,6 +83,10 @@ def detect_all(predict_fn, indexed_images: Iterable[tuple[int, np.ndarray]], cfg
 
 
 def _in_image(image, scale, boxes, scores, labels, masks, cfg) -> dict:
+    """Detections in the original image's pixels. Boxes are divided by the resize's own scale
+    along each axis (the exact inverse of the resize, which training applies to the ground truth
+    per axis too), where tensorpack's eval.py divides both axes by sqrt(sx * sy); then clipped
+    to the image, and the masks pasted as the exported model pastes them."""
     sx, sy = scale
     height, width = image.shape[:2]
     boxes = np.asarray(boxes, np.float32).reshape(-1, 4) / np.array([sx, sy, sx, sy], np.float32)
@@ -91,7 +95,7 @@ def _in_image(image, scale, boxes, scores, labels, masks, cfg) -> dict:
     out = {"boxes": boxes, "scores": np.asarray(scores, np.float32), "labels": np.asarray(labels, np.int32),
            "masks": None}
     if cfg.MODE_MASK:
-        out["masks"] = (np.stack([paste_mask(b, m, height, width, accurate=cfg.MRCNN.ACCURATE_PASTE)
-                                  for b, m in zip(boxes, masks)])
-                        if len(boxes) else np.zeros((0, height, width), np.uint8))
+        paste = mask_paster(cfg.MRCNN.MASK_SIZE, accurate=cfg.MRCNN.ACCURATE_PASTE)
+        out["masks"] = paste(boxes, np.asarray(masks, np.float32).reshape(-1, cfg.MRCNN.MASK_SIZE, cfg.MRCNN.MASK_SIZE),
+                             height, width)
     return out

@@ -5,8 +5,15 @@
     maskrcnn predict --checkpoint train_log/run1 --images photos/ --draw drawn/ --score-threshold 0.5
 
 --checkpoint is a log dir (its latest checkpoint) or a checkpoint prefix; the run's config.json
-next to it rebuilds the model. With --split the image ids and category ids are the dataset's;
-with --images the images are numbered 1.. in file-name order, each result also names its file.
+next to it rebuilds the model. It can also be a published model file, a tensorpack .npz such as
+COCO-R50FPN-MaskRCNN-Standard.npz, as tensorpack's predict.py --load takes it: the model is the
+default config (R50-FPN Mask R-CNN, the file's architecture; --config changes it), every variable
+restored from the file; the classes are the --split's, or COCO's 80 for a file with 81 class outputs.
+
+    maskrcnn predict --checkpoint COCO-R50FPN-MaskRCNN-Standard.npz --images photos/ --draw drawn/
+
+With --split the image ids and category ids are the dataset's; with --images the images are
+numbered 1.. in file-name order, each result also names its file.
 --evaluate scores a split's results with COCOeval and prints the metric lines and mAP table that
 training prints (for a run trained with DATA.VAL=(), or another split).
 --draw DIR writes every image with its detections of at least --score-threshold drawn on it
@@ -32,7 +39,8 @@ def parse_args(argv=None):
     prog = sys.argv[0] if sys.argv[0] == "maskrcnn evaluate" else "maskrcnn predict"
     p = argparse.ArgumentParser(prog=prog, description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--checkpoint", required=True, help="log dir or checkpoint prefix (model-STEP)")
+    p.add_argument("--checkpoint", required=True,
+                   help="log dir, checkpoint prefix (model-STEP) or model file (tensorpack .npz)")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--images", help="a folder of images")
     src.add_argument("--split", help="a split of the dataset under DATA.BASEDIR (e.g. val2017)")
@@ -90,6 +98,71 @@ def load_run_config(logdir: Path, overrides):
     return cfg, category_ids
 
 
+def is_model_file(path: str) -> bool:
+    """A published model file (tensorpack's ``.npz``), rather than a run's checkpoint."""
+    return str(path).endswith(".npz")
+
+
+def base_config(overrides):
+    """The default config with ``overrides``, not finalized: what a model file's model is built from."""
+    from training.config import ConfigError, new_config
+    cfg = new_config()
+    cfg.set_value("BACKBONE.DATA_FORMAT", "auto")
+    try:
+        cfg.update_args(list(overrides))
+    except ConfigError as err:
+        raise SystemExit(f"error: {err}")
+    return cfg
+
+
+def model_file_config(path: str, overrides, split=None):
+    """``(finalized config, {class: category id})`` for the model file ``path``: the default config
+    (tensorpack's R50-FPN Mask R-CNN, as COCO-R50FPN-MaskRCNN-Standard.npz was trained) with
+    ``overrides``. The classes are ``split``'s (a training.data.coco.CocoSplit) when given, else
+    COCO's 80 when the file's class logits have 81 outputs. Every variable of the model must be in
+    the file with its shape and every entry of the file used (training.model.weights.plan_finetune),
+    checked here, before any graph is built."""
+    from training.config import ConfigError, finalize
+    from training.data import coco_categories
+    from training.model.weights import WeightsError, check_model_file, model_file_shapes, num_categories
+    if not os.path.isfile(path):
+        raise SystemExit(f"error: model file {path} not found")
+    try:
+        categories = num_categories(model_file_shapes(path))
+    except (WeightsError, OSError, ValueError) as err:
+        raise SystemExit(f"error: {path} is not a readable model file: {err}")
+    if categories is None:
+        raise SystemExit(f"error: {path} has no class logits (fastrcnn/outputs/class/b): not a detector's model file "
+                         f"(an ImageNet backbone is BACKBONE.WEIGHTS for training, not a model)")
+    if split is not None:
+        class_names, category_ids = list(split.class_names), dict(split.contiguous_to_coco_id)
+        if len(class_names) - 1 != categories:
+            raise SystemExit(f"error: {path} classifies {categories} categories but split {split.name} has "
+                             f"{len(class_names) - 1}: give the dataset the file was trained on")
+    elif categories == len(coco_categories.COCO_CATEGORIES):
+        class_names, category_ids = list(coco_categories.CLASS_NAMES), dict(coco_categories.CATEGORY_IDS)
+    else:
+        raise SystemExit(f"error: {path} classifies {categories} categories, not COCO's 80: name the dataset it was "
+                         f"trained on with --split NAME (and --config DATA.BASEDIR=...) so its classes are known")
+    cfg = base_config(overrides)
+    try:
+        finalize(cfg, num_ranks=1, class_names=class_names)
+        check_model_file(path, cfg, key="--checkpoint")
+    except ConfigError as err:   # WeightsError is one: names the variable and the keys to set
+        raise SystemExit(f"error: {err}")
+    return cfg, category_ids
+
+
+def model_session_init(checkpoint: str):
+    """A tensorpack SessionInit for a run's checkpoint, or for a model file the strict restore of
+    every model variable (training.model.weights.strict_finetune_init)."""
+    if is_model_file(checkpoint):
+        from training.model.weights import strict_finetune_init
+        return strict_finetune_init(checkpoint)
+    from tensorpack.tfutils.sessinit import SmartInit
+    return SmartInit(checkpoint)
+
+
 def predict_session_config():
     """Session options for prediction: grappler's memory optimizer off.
 
@@ -110,9 +183,8 @@ def build_predictor(cfg, checkpoint: str):
     use_graph_mode()
     from tensorpack.predict import OfflinePredictor, PredictConfig
     from tensorpack.tfutils.sesscreate import NewSessionCreator
-    from tensorpack.tfutils.sessinit import SmartInit
     from training.model.generalized_rcnn import INPUT_NAMES_PREDICT, OUTPUT_NAMES, MaskRCNN
-    predictor = OfflinePredictor(PredictConfig(model=MaskRCNN(cfg), session_init=SmartInit(checkpoint),
+    predictor = OfflinePredictor(PredictConfig(model=MaskRCNN(cfg), session_init=model_session_init(checkpoint),
                                                session_creator=NewSessionCreator(config=predict_session_config()),
                                                input_names=list(INPUT_NAMES_PREDICT), output_names=list(OUTPUT_NAMES)))
     return lambda images, image_hw: predictor(images, image_hw)
@@ -162,9 +234,18 @@ def main(argv=None) -> int:
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return 2
-    checkpoint, logdir = resolve_checkpoint(args.checkpoint)
     overrides = list(args.config) + ([f"TEST.BATCH_SIZE={args.batch_size}"] if args.batch_size else [])
-    cfg, category_ids = load_run_config(logdir, overrides)
+    split = None
+    if is_model_file(args.checkpoint):
+        checkpoint = args.checkpoint
+        if args.split:   # the file's classes are the dataset's
+            split = _load_split(base_config(overrides).DATA.BASEDIR, args.split)
+            if split is None:
+                return 2
+        cfg, category_ids = model_file_config(checkpoint, overrides, split)
+    else:
+        checkpoint, logdir = resolve_checkpoint(args.checkpoint)
+        cfg, category_ids = load_run_config(logdir, overrides)
     from training import evaluation
     from training.callbacks import evaluate_split, predict_split
     from training.data.pipeline import iterate_test_images
@@ -176,12 +257,9 @@ def main(argv=None) -> int:
         if not paths:
             print(f"error: no images ({', '.join(IMAGE_SUFFIXES)}) in {folder}", file=sys.stderr)
             return 2
-    else:
-        from training.data.coco import DatasetError, load_split
-        try:
-            split = load_split(cfg.DATA.BASEDIR, args.split, require_annotations=False)
-        except DatasetError as err:
-            print(f"error: {err}", file=sys.stderr)
+    elif split is None:
+        split = _load_split(cfg.DATA.BASEDIR, args.split)
+        if split is None:
             return 2
     drawer = Drawer(Path(args.draw), cfg.DATA.CLASS_NAMES, args.score_threshold) if args.draw else None
     predict_fn = build_predictor(cfg, checkpoint)
@@ -211,6 +289,16 @@ def main(argv=None) -> int:
     if args.evaluate:
         evaluate_split(split, results, cfg, max_images=args.max_images)
     return 0
+
+
+def _load_split(basedir, name):
+    """The split, or None after printing why it cannot be read."""
+    from training.data.coco import DatasetError, load_split
+    try:
+        return load_split(basedir, name, require_annotations=False)
+    except DatasetError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return None
 
 
 if __name__ == "__main__":

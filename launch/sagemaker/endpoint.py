@@ -131,15 +131,17 @@ MODEL_PREFIX = "models"     # s3://<bucket>/models/<name>/model.tar.gz: a --mode
 def model_files(model_dir: str | Path) -> list[Path]:
     """What a model.tar.gz of ``model_dir`` holds: a SavedModel export whole, or of a run's log dir
     its latest checkpoint with the ``checkpoint`` file and config.json (what the server exports at
-    start; not the events, the older checkpoints or the logs)."""
+    start; not the events, the older checkpoints or the logs), or a published model file (.npz)."""
     model_dir = Path(model_dir)
+    if model_dir.is_file() and model_dir.suffix == ".npz":
+        return [model_dir]
     if (model_dir / "saved_model.pb").is_file():
         return sorted(p for p in model_dir.rglob("*") if p.is_file())
     index = model_dir / "checkpoint"
     latest = re.search(r'^model_checkpoint_path:\s*"([^"]+)"', index.read_text(), re.M) if index.is_file() else None
     if not latest or not (model_dir / "config.json").is_file():
         raise LaunchError(f"--model-dir {model_dir} holds neither a SavedModel (saved_model.pb: `maskrcnn export`) "
-                          f"nor a run's checkpoint with its config.json (a training log dir)")
+                          f"nor a run's checkpoint with its config.json (a training log dir), and is no model file (.npz)")
     prefix = Path(latest.group(1)).name
     weights = sorted(p for p in model_dir.glob(f"{prefix}.*") if p.is_file())
     if not any(p.name.endswith(".index") for p in weights):
@@ -154,9 +156,10 @@ def upload_model(session, model_dir: str | Path, name: str, stack_name: str) -> 
     key = f"{MODEL_PREFIX}/{name}/model.tar.gz"
     with tempfile.TemporaryDirectory() as tmp:
         archive = Path(tmp) / "model.tar.gz"
+        root = Path(model_dir) if Path(model_dir).is_dir() else Path(model_dir).parent   # a model file: its folder
         with tarfile.open(archive, "w:gz") as tar:
             for path in files:      # SageMaker unpacks it into /opt/ml/model
-                tar.add(path, arcname=str(path.relative_to(model_dir)))
+                tar.add(path, arcname=str(path.relative_to(root)))
         session.client("s3").upload_file(str(archive), bucket, key)
     return f"s3://{bucket}/{key}"
 
@@ -449,8 +452,8 @@ def main(argv: list[str] | None = None) -> int:
         c.add_argument("--stack", help=deployment.stack_help(outputs.SAGEMAKER_STACK))
         c.add_argument("--training-job", help="a completed training job: its model")
         c.add_argument("--model-data", help="S3 URI of a model.tar.gz (a training job's, or an export's)")
-        c.add_argument("--model-dir", help="a local run's log dir or `maskrcnn export` folder: packed and uploaded "
-                                           "to the stack's bucket")
+        c.add_argument("--model-dir", help="a local run's log dir, `maskrcnn export` folder or model file (a tensorpack "
+                                           ".npz with COCO's classes): packed and uploaded to the stack's bucket")
         c.add_argument("--name", help="name of the endpoint (or transform job), its configuration and model "
                                       "(default: <base>-<UTC time>-<4 hex>)")
         c.add_argument("--instance-type", default=DEFAULT_INSTANCE_TYPE)

@@ -4,9 +4,10 @@ for real-time endpoints and batch transform alike.
 
     maskrcnn serve [--model-dir /opt/ml/model] [--host 0.0.0.0] [--port 8080]
 
-The model directory holds either a SavedModel from ``maskrcnn export`` or what a training
-job leaves there (a checkpoint and its config.json, launch/sagemaker/entry.py): the server then
-exports it first, into a temporary directory. Gunicorn (``gthread`` workers) runs the Flask app;
+The model directory holds a SavedModel from ``maskrcnn export``, what a training job leaves
+there (a checkpoint and its config.json, launch/sagemaker/entry.py) or a published model file
+(tensorpack's .npz with COCO's classes, e.g. COCO-R50FPN-MaskRCNN-Standard.npz; ``--model-dir``
+may name the file): the server then exports it first, into a temporary directory. Gunicorn (``gthread`` workers) runs the Flask app;
 each worker loads the SavedModel once and answers with TensorFlow alone.
 
 Requests: ``POST /invocations`` with a JPEG or PNG body and Content-Type image/jpeg, image/png or
@@ -234,18 +235,34 @@ def wsgi_app():
 
 
 # ------------------------------------------------------------------------------ the command
-def saved_model_dir(model_dir: Path) -> Path:
-    """The SavedModel to serve: ``model_dir`` itself, or an export of the checkpoint in it."""
-    if (model_dir / "saved_model.pb").exists():
+def model_source(model_dir: Path) -> Path | None:
+    """What to export from ``model_dir`` (None: it is a SavedModel already): the directory of a
+    run's checkpoint, or a published model file (tensorpack's .npz: the file itself, or the only
+    one in the directory, as a model.tar.gz holding one unpacks)."""
+    if model_dir.is_file() and model_dir.suffix == ".npz":
         return model_dir
-    if not (model_dir / "checkpoint").exists():
-        raise SystemExit(f"error: {model_dir} holds neither a SavedModel (saved_model.pb, from "
-                         f"`maskrcnn export`) nor a checkpoint with its config.json (a training "
-                         f"job's model): point the endpoint's model data at one of them")
+    if (model_dir / "saved_model.pb").exists():
+        return None
+    if (model_dir / "checkpoint").exists():
+        return model_dir
+    model_files = sorted(model_dir.glob("*.npz")) if model_dir.is_dir() else []
+    if len(model_files) == 1:
+        return model_files[0]
+    raise SystemExit(f"error: {model_dir} holds neither a SavedModel (saved_model.pb, from `maskrcnn export`), "
+                     f"a checkpoint with its config.json (a training job's model) nor one model file (.npz, "
+                     + (f"found {len(model_files)}" if model_files else "such as COCO-R50FPN-MaskRCNN-Standard.npz")
+                     + "): point the endpoint's model data at one of them")
+
+
+def saved_model_dir(model_dir: Path) -> Path:
+    """The SavedModel to serve: ``model_dir`` itself, or an export of the checkpoint or model file in it."""
+    source = model_source(model_dir)
+    if source is None:
+        return model_dir
     target = Path(tempfile.mkdtemp(prefix="maskrcnn-export-")) / "model"
-    print(f"[serve] exporting the checkpoint in {model_dir} to {target}", flush=True)
+    print(f"[serve] exporting {source} to {target}", flush=True)
     # In a process of its own: the export builds a TF1 graph, the server runs TF2 functions.
-    subprocess.run([sys.executable, "-m", "training.export", "--checkpoint", str(model_dir), "--output", str(target)],
+    subprocess.run([sys.executable, "-m", "training.export", "--checkpoint", str(source), "--output", str(target)],
                    check=True, stdout=sys.stderr)
     return target
 
@@ -260,7 +277,7 @@ def gunicorn_args(settings: Settings, host: str) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="maskrcnn serve", description=__doc__.splitlines()[0])
     p.add_argument("--model-dir", default=os.path.join(os.environ.get("SAGEMAKER_BASE_DIR", "/opt/ml"), "model"),
-                   help=f"SavedModel or training job model directory (default {MODEL_DIR})")
+                   help=f"SavedModel, training job model directory or model file (.npz) (default {MODEL_DIR})")
     p.add_argument("--host", default="0.0.0.0", help="address to listen on (SageMaker: every interface)")
     p.add_argument("--port", type=int, help=f"default ${DEFAULTS['port'][0]} or {DEFAULTS['port'][1]}")
     a = p.parse_args(argv)

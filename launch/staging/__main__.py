@@ -1,6 +1,7 @@
 """Data staging commands (what prepare-s3-bucket.sh and prepare-efs.sh did)::
 
     maskrcnn data download --stage-dir /data/stage          # COCO 2017 + weights, verified
+    maskrcnn data download --stage-dir ./stage --weights-only   # the weights files alone
     maskrcnn data upload   --stage-dir /data/stage          # -> s3://<stack bucket>/data/coco/
     maskrcnn data to-efs   --efs-dir /efs/data/coco         # s3://<stack bucket>/data/coco/ -> EFS
 
@@ -121,6 +122,9 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--checksum", action="append", metavar="NAME=ALGO:HEX", help="pin or replace a checksum")
     d.add_argument("--allow-unpinned", action="store_true",
                    help="accept artifacts without a pinned checksum and record their sha256")
+    d.add_argument("--weights-only", action="store_true",
+                   help=f"only the weights files (ImageNet backbone, COCO model) into <stage-dir>/{dl.WEIGHTS_TARGET}, "
+                        f"without the COCO images and annotations (19 GB)")
 
     for name, text in (("upload", f"upload <stage-dir>/{COCO_NAME}, or a dataset folder, to "
                                   f"s3://BUCKET/{DATA_PREFIX}/<name> (parallel, resumable)"),
@@ -149,8 +153,11 @@ def main(argv: list[str] | None = None) -> int:
         if a.command == "download":
             artifacts = dl.load_manifest(a.manifest) if a.manifest else dl.COCO_2017
             artifacts = dl.with_overrides(artifacts, _pairs(a.url, "--url"), _pairs(a.checksum, "--checksum"))
+            if a.weights_only:
+                artifacts = dl.weights_only(artifacts)
             stage = dl.stage_dataset(a.stage_dir, artifacts, allow_unpinned=a.allow_unpinned)
-            print(f"staged under {stage / 'coco'}; checksums in {stage / 'checksums.json'}")
+            where = stage / (dl.WEIGHTS_TARGET if a.weights_only else "coco")
+            print(f"staged under {where}; checksums in {stage / 'checksums.json'}")
             return 0
         if a.command == "upload":
             folder, prefix = upload_source(a)

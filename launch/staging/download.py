@@ -6,7 +6,11 @@ Layout under the stage directory (the layout DATA.BASEDIR expects, see training/
     <stage>/coco/annotations/instances_{train,val}2017.json
     <stage>/coco/{train2017,val2017}/*.jpg
     <stage>/coco/weights/ImageNet-R50-AlignPadding.npz          BACKBONE.WEIGHTS
-    <stage>/coco/weights/COCO-R50FPN-MaskRCNN-Standard.npz      TRAIN.LOAD_MODEL (fine-tuning)
+    <stage>/coco/weights/COCO-R50FPN-MaskRCNN-Standard.npz      TRAIN.LOAD_MODEL (fine-tuning), or a model
+                                                                 to predict, export and serve as it is
+
+The weights alone (:func:`weights_only`, ``maskrcnn data download --weights-only``) need no COCO
+images: a few hundred MB instead of the 19 GB of archives.
 
 Every URL and checksum can be replaced (``--url NAME=URL``, ``--checksum NAME=ALGO:HEX``, or a JSON
 manifest), e.g. to use a mirror inside the VPC.
@@ -50,6 +54,7 @@ class Artifact:
 # 44,453,556 float32 values, 178 MB before compression. This is the one place to pin its sha256
 # once taken from a copy you trust ("sha256:<hex>"); until then it is unpinned like the ImageNet file.
 COCO_MODEL_CHECKSUM: str | None = None
+WEIGHTS_TARGET = "coco/weights"   # where the weights files go under the stage directory
 
 # Checksums as published alongside the COCO 2017 archives. The weights files have no published
 # checksum: pass --checksum ImageNet-R50-AlignPadding.npz=sha256:<hex> (likewise for the COCO model)
@@ -65,11 +70,20 @@ COCO_2017 = (
              "md5:f4bbac642086de4f52a3fdda2de5fa2c", "coco"),
     Artifact("ImageNet-R50-AlignPadding.npz",
              "http://models.tensorpack.com/FasterRCNN/ImageNet-R50-AlignPadding.npz", None, None,
-             target="coco/weights"),
+             target=WEIGHTS_TARGET),
     Artifact("COCO-R50FPN-MaskRCNN-Standard.npz",
              "http://models.tensorpack.com/FasterRCNN/COCO-R50FPN-MaskRCNN-Standard.npz", COCO_MODEL_CHECKSUM, None,
-             target="coco/weights"),
+             target=WEIGHTS_TARGET),
 )
+
+
+def weights_only(artifacts) -> tuple[Artifact, ...]:
+    """The artifacts that are weights files (installed under :data:`WEIGHTS_TARGET`)."""
+    found = tuple(a for a in artifacts if a.target == WEIGHTS_TARGET and a.extract_to is None)
+    if not found:
+        raise StagingError(f"no weights file among the artifacts ({', '.join(a.name for a in artifacts)}): "
+                           f"a weights file has \"target\": \"{WEIGHTS_TARGET}\" and no \"extract_to\"")
+    return found
 
 
 def parse_checksum(text: str) -> tuple[str, str]:

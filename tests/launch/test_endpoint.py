@@ -197,6 +197,13 @@ def test_a_local_run_or_export_is_packed_uploaded_and_deployed(sagemaker_env, tm
     assert members("models/export-1/model.tar.gz") == ["classes.json", "config.json", "saved_model.pb",
                                                        "variables/variables.index"]
 
+    published = tmp_path / "weights" / "COCO-R50FPN-MaskRCNN-Standard.npz"
+    published.parent.mkdir()
+    published.write_bytes(b"weights")
+    (published.parent / "ImageNet-R50-AlignPadding.npz").write_bytes(b"backbone")
+    assert endpoint.main(["deploy", "--model-dir", str(published), "--name", "published-1"]) == 0
+    assert members("models/published-1/model.tar.gz") == ["COCO-R50FPN-MaskRCNN-Standard.npz"]
+
     empty = tmp_path / "empty"
     empty.mkdir()
     with pytest.raises(LaunchError, match="holds neither a SavedModel"):

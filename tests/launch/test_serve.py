@@ -194,7 +194,7 @@ def test_a_training_jobs_model_directory_is_exported_and_served(exported, images
         assert_same_detections(response.json(), expected)
     finally:
         stop_server(proc)
-    assert "exporting the checkpoint in" in (tmp_path / "server.log").read_text()
+    assert f"exporting {exported.run} to" in (tmp_path / "server.log").read_text()
 
 
 def test_bad_settings_and_an_empty_model_directory_are_refused_before_starting(tmp_path, monkeypatch, capsys):
@@ -207,7 +207,8 @@ def test_bad_settings_and_an_empty_model_directory_are_refused_before_starting(t
     with pytest.raises(SystemExit, match="MASKRCNN_MAX_IMAGE_BYTES='0' must be at least 1"):
         serve.main(["--model-dir", str(tmp_path)])
     monkeypatch.delenv("MASKRCNN_MAX_IMAGE_BYTES")
-    with pytest.raises(SystemExit, match=f"{tmp_path} holds neither a SavedModel .* nor a checkpoint"):
+    with pytest.raises(SystemExit, match=f"{tmp_path} holds neither a SavedModel .*, a checkpoint .* nor one model "
+                                         r"file \(.npz, such as COCO-R50FPN-MaskRCNN-Standard.npz\)"):
         serve.main(["--model-dir", str(tmp_path)])
     # SageMaker's defaults: port 8080, the model in <base dir>/model (/opt/ml/model)
     assert serve.Settings.from_env({}).port == 8080
@@ -304,3 +305,18 @@ def test_endpoint_invoke_sends_the_image_and_draws_the_answer(server, images, tm
         assert endpoint.main(["invoke", "shapes-v1", str(truncated)]) == 2
         assert ("endpoint shapes-v1's model server answered 400: the body could not be decoded as an image"
                 in capsys.readouterr().err)
+
+
+def test_a_model_file_is_what_the_server_exports(tmp_path):
+    """A published model file: named itself, or the one .npz of the model directory (a
+    model.tar.gz holding it unpacks so); two are ambiguous."""
+    from launch.sagemaker.serve import model_source
+    model = tmp_path / "COCO-R50FPN-MaskRCNN-Standard.npz"
+    model.write_bytes(b"weights")
+    assert model_source(model) == model
+    assert model_source(tmp_path) == model
+    (tmp_path / "other.npz").write_bytes(b"weights")
+    with pytest.raises(SystemExit, match=r"nor one model file \(.npz, found 2\)"):
+        model_source(tmp_path)
+    (tmp_path / "saved_model.pb").write_bytes(b"graph")
+    assert model_source(tmp_path) is None

@@ -444,3 +444,21 @@ def test_on_the_notebook_of_a_deployment_with_a_name_prefix_the_bucket_is_its_ow
     (tmp_path / ".maskrcnn-stack").write_text("team-a-SageMakerStack\n")
     assert cli.main(["to-efs", "--efs-dir", str(tmp_path / "efs")]) == 0, capsys.readouterr().err
     assert (tmp_path / "efs" / "x.json").read_text() == "{}"
+
+
+def test_weights_only_stages_the_weights_files_without_the_dataset(coco_site, tmp_path, capsys):
+    manifest = tmp_path / "manifest.json"
+    manifest.write_text(json.dumps([a.__dict__ for a in coco_site.artifacts]))
+    stage = tmp_path / "stage"
+    assert cli.main(["download", "--stage-dir", str(stage), "--manifest", str(manifest), "--weights-only"]) == 0
+    assert _tree(stage / "coco") == {"weights/ImageNet-R50-AlignPadding.npz": b"pretend weights " * 1000}
+    assert sorted(p.name for p in (stage / "downloads").iterdir()) == ["ImageNet-R50-AlignPadding.npz"]
+    assert f"staged under {stage / 'coco' / 'weights'}" in capsys.readouterr().out
+    # the built-in list's weights are the two published files
+    assert [a.name for a in dl.weights_only(dl.COCO_2017)] == ["ImageNet-R50-AlignPadding.npz",
+                                                               "COCO-R50FPN-MaskRCNN-Standard.npz"]
+    data_only = tmp_path / "data.json"
+    data_only.write_text(json.dumps([a.__dict__ for a in coco_site.artifacts[:3]]))
+    assert cli.main(["download", "--stage-dir", str(tmp_path / "s2"), "--manifest", str(data_only), "--weights-only"]) == 2
+    assert "no weights file among the artifacts (train2017.zip, " in capsys.readouterr().err
+    assert not (tmp_path / "s2").exists()

@@ -21,6 +21,13 @@ def _shoelace(poly):
     ((200, 100), 50, 1000, (100, 50)),
     ((100, 400), 100, 200, (50, 200)),     # the longer side caps the scale
     ((97, 131), 64, 1333, (64, 86)),
+    # A side at exactly .5 rounds up, as tensorpack's CustomResize (int(x + 0.5)) does: 5 * 5/2 =
+    # 12.5 -> 13 and 5 * 3/2 = 7.5 -> 8 (round half to even would give 12 and 8).
+    ((2, 5), 5, 0, (5, 13)),
+    ((5, 2), 5, 0, (13, 5)),
+    ((2, 3), 5, 0, (5, 8)),
+    # Capped: tensorpack scales the already-scaled sides again: 1333 x 800 * 0.5 -> 666.5 -> 667.
+    ((800, 1333), 800, 666.5, (400, 667)),
 ])
 def test_resized_shape(hw, short, max_size, expected):
     assert augment.resized_shape(*hw, short, max_size) == expected

@@ -117,3 +117,14 @@ def test_freeze_at_keeps_its_meaning_when_fine_tuning_from_a_model():
     assert tuned.BACKBONE.FREEZE_AT == 2
     scratch = finalize(_cfg(), num_ranks=1, has_gpu=False)
     assert scratch.BACKBONE.FREEZE_AT == 0
+
+
+def test_fpn_max_size_is_rounded_up_to_the_coarsest_stride_as_tensorpack_does():
+    # tensorpack's finalize_configs: ceil(1333 / 32) * 32 = 42 * 32 = 1344, for FPN models only
+    cfg = finalize(_cfg(), num_ranks=1, has_gpu=False)
+    assert cfg.PREPROC.MAX_SIZE == 1344
+    again = _cfg(f"PREPROC.MAX_SIZE={cfg.PREPROC.MAX_SIZE}")   # a saved config, finalized again
+    assert finalize(again, num_ranks=1, has_gpu=False).PREPROC.MAX_SIZE == 1344
+    assert finalize(_cfg("PREPROC.MAX_SIZE=1000"), num_ranks=1, has_gpu=False).PREPROC.MAX_SIZE == 1024
+    c4 = finalize(_cfg("MODE_FPN=False"), num_ranks=1, has_gpu=False)
+    assert c4.PREPROC.MAX_SIZE == 1333

@@ -53,7 +53,7 @@ def test_full_default_model_trains_a_step_predicts_and_evaluates(session, coco_l
     finalize(cfg, num_ranks=1, class_names=train.class_names, has_gpu=False)
     assert (cfg.MODE_FPN, cfg.MODE_MASK, cfg.BACKBONE.NORM, cfg.BACKBONE.FREEZE_AT) == (True, True, "FreezeBN", 2)
     assert cfg.BACKBONE.RESNET_NUM_BLOCKS == [3, 4, 6, 3] and cfg.FPN.ANCHOR_STRIDES == (4, 8, 16, 32, 64)
-    assert (cfg.PREPROC.TRAIN_SHORT_EDGE_SIZE, cfg.PREPROC.MAX_SIZE) == ([800, 800], 1333)
+    assert (cfg.PREPROC.TRAIN_SHORT_EDGE_SIZE, cfg.PREPROC.MAX_SIZE) == ([800, 800], 1344)   # 1333 rounded up
 
     towers = build_towers(cfg, predict=True)
     model, inputs, cost, train_op = towers.model, towers.inputs, towers.cost, towers.train_op

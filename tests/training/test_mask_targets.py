@@ -1,6 +1,9 @@
-"""Mask targets (ground truth sampled inside each ROI) and pasting predicted masks back."""
+"""Mask targets (ground truth sampled inside each ROI) and pasting predicted masks back, the
+latter against tensorpack's eval.py ``_paste_mask`` written here with SciPy and OpenCV."""
+import cv2
 import numpy as np
 import pytest
+from scipy.interpolate import RegularGridInterpolator
 
 from training.model.mask_head import mask_targets, paste_mask
 
@@ -46,3 +49,64 @@ def test_paste_mask_clips_to_image(accurate):
     pasted = paste_mask([-5, -5, 10, 10], np.ones((7, 7), np.float32), 8, 8, accurate=accurate)
     assert pasted.shape == (8, 8)
     assert pasted[:8, :8].all()
+
+
+def tensorpack_accurate_paste(box, mask, height, width):
+    """tensorpack's ACCURATE_PASTE: the mask padded with one zero bin each side, the box grown by
+    (S + 2) / S about its centre, the padded mask's bin k centred at k + 0.5, sampled linearly
+    (zero beyond the padded mask) at every pixel centre, kept where >= 0.5."""
+    size = mask.shape[0]
+    padded = np.pad(mask.astype(np.float64), 1)
+    x1, y1, x2, y2 = [float(v) for v in box]
+    grow = (size + 2) / size
+    cx, cy, hw, hh = (x1 + x2) / 2, (y1 + y2) / 2, (x2 - x1) / 2 * grow, (y2 - y1) / 2 * grow
+    x1, x2, y1, y2 = cx - hw, cx + hw, cy - hh, cy + hh
+    centres = np.arange(size + 2) + 0.5
+    sample = RegularGridInterpolator((centres, centres), padded, method="linear", bounds_error=False, fill_value=0.0)
+    if x2 <= x1 or y2 <= y1:    # tensorpack divides by zero here; no pixel is in such a box
+        return np.zeros((height, width), np.uint8)
+    ys = (np.arange(height) + 0.5 - y1) / (y2 - y1) * (size + 2)
+    xs = (np.arange(width) + 0.5 - x1) / (x2 - x1) * (size + 2)
+    grid_y, grid_x = np.meshgrid(ys, xs, indexing="ij")
+    return (sample(np.stack([grid_y, grid_x], -1)) >= 0.5).astype(np.uint8)
+
+
+def tensorpack_fast_paste(box, mask, height, width):
+    """tensorpack's fast paste: the box rounded to whole pixels with int(), the mask cv2.resize'd to
+    it, kept where > 0.5 (clipped to the image here; tensorpack's slice assignment assumes it fits)."""
+    x0, y0 = int(box[0] + 0.5), int(box[1] + 0.5)
+    x1, y1 = max(x0, int(box[2] - 0.5)), max(y0, int(box[3] - 0.5))
+    resized = (cv2.resize(mask.astype(np.float32), (x1 + 1 - x0, y1 + 1 - y0)) > 0.5).astype(np.uint8)
+    out = np.zeros((height + 64, width + 64), np.uint8)    # room for a box past the image
+    out[y0:y1 + 1, x0:x1 + 1] = resized
+    return out[:height, :width]
+
+
+def _random_cases(count, height, width, size, seed=0):
+    rng = np.random.default_rng(seed)
+    xy = rng.uniform(-10, 95, (count, 2))
+    boxes = np.concatenate([xy, xy + rng.uniform(0.3, 50, (count, 2))], 1).astype(np.float32)
+    boxes[:, [0, 2]] = boxes[:, [0, 2]].clip(0, width)
+    boxes[:, [1, 3]] = boxes[:, [1, 3]].clip(0, height)
+    grid = np.arange(size)
+    masks = np.stack([1 / (1 + np.exp(-3 * (np.add.outer(np.sin(grid / (2 + i % 5)), np.cos(grid / (1.5 + i % 7))))))
+                      for i in range(count)]).astype(np.float32)
+    return boxes, masks
+
+
+@pytest.mark.parametrize("accurate, reference", [(True, tensorpack_accurate_paste), (False, tensorpack_fast_paste)])
+def test_pasting_is_tensorpacks(accurate, reference):
+    height, width = 70, 90
+    boxes, masks = _random_cases(40, height, width, 28)
+    got = np.stack([paste_mask(b, m, height, width, accurate=accurate) for b, m in zip(boxes, masks)])
+    want = np.stack([reference(b, m, height, width) for b, m in zip(boxes, masks)])
+    assert want.sum() > 5000
+    mismatched = [i for i in range(len(boxes)) if (got[i] != want[i]).any()]
+    assert not mismatched, [(boxes[i].tolist(), int((got[i] != want[i]).sum())) for i in mismatched]
+
+
+def test_a_box_without_width_pastes_no_pixel():
+    ones = np.ones((28, 28), np.float32)
+    assert not paste_mask([3.4, 2, 3.4, 8], ones, 10, 10).any()
+    assert not paste_mask([2, 5, 8, 5], ones, 10, 10).any()
+    assert paste_mask([2, 5, 8, 5.5], ones, 10, 10).sum() == 6     # half a pixel high: row 5's centres are in

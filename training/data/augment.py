@@ -21,13 +21,22 @@ Scale = tuple  # (sx, sy): output pixels per input pixel along x and y
 
 
 def resized_shape(height: int, width: int, short_size: float, max_size: float) -> tuple[int, int]:
-    """(new_height, new_width): shorter side to ``short_size`` unless the longer one would pass ``max_size``."""
+    """(new_height, new_width): shorter side to ``short_size`` unless the longer one would pass ``max_size``.
+
+    tensorpack's CustomResize arithmetic: the short side is ``short_size`` exactly, the long one
+    scaled; over ``max_size`` both are scaled down again; each is rounded half up (``int(x + 0.5)``).
+    """
     if height <= 0 or width <= 0:
         raise ValueError(f"image size must be positive, got {height}x{width}")
     scale = short_size / min(height, width)
-    if max_size and max(height, width) * scale > max_size:
-        scale = max_size / max(height, width)
-    return max(1, int(round(height * scale))), max(1, int(round(width * scale)))
+    if height < width:
+        new_h, new_w = float(short_size), scale * width
+    else:
+        new_h, new_w = scale * height, float(short_size)
+    if max_size and max(new_h, new_w) > max_size:
+        scale = max_size / max(new_h, new_w)
+        new_h, new_w = new_h * scale, new_w * scale
+    return max(1, int(new_h + 0.5)), max(1, int(new_w + 0.5))
 
 
 def resize_shorter_side(image: np.ndarray, short_size: float, max_size: float,

@@ -11,9 +11,10 @@ import dataclasses
 import cv2
 import numpy as np
 
+from training.config import COARSEST_STRIDE
 from training.data import augment, packed_masks
 
-SIZE_DIVISOR = 32  # the largest backbone stride: padded sides divide by it so every level aligns
+SIZE_DIVISOR = COARSEST_STRIDE  # padded sides divide by it so every backbone level aligns
 
 
 class ImageReadError(IOError):

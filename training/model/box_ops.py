@@ -17,6 +17,13 @@ from training.model import scopes
 BBOX_DECODE_CLIP = math.log(1000.0 / 16.0)
 
 
+def decode_clip(max_size: float) -> float:
+    """tensorpack's clip of the log-size deltas (``decode_bbox_target``): a box may grow to the
+    image's longest side (PREPROC.MAX_SIZE) from the smallest anchor stride's 16 px,
+    log(1344 / 16) = log(84) for the default FPN model."""
+    return math.log(max_size / 16.0)
+
+
 # ---------------------------------------------------------------------------------------------- NumPy
 def np_area(boxes: np.ndarray) -> np.ndarray:
     return np.clip(boxes[:, 2] - boxes[:, 0], 0, None) * np.clip(boxes[:, 3] - boxes[:, 1], 0, None)
@@ -60,12 +67,12 @@ def _encode(ops, boxes, anchors, weights):
                       ww * ops.log(bw / aw), wh * ops.log(bh / ah)], axis=1)
 
 
-def _decode(ops, deltas, anchors, weights):
+def _decode(ops, deltas, anchors, weights, clip):
     ax, ay, aw, ah = _centers(anchors)
     wx, wy, ww, wh = weights
     dx, dy = deltas[:, 0] / wx, deltas[:, 1] / wy
-    dw = ops.minimum(deltas[:, 2] / ww, BBOX_DECODE_CLIP)
-    dh = ops.minimum(deltas[:, 3] / wh, BBOX_DECODE_CLIP)
+    dw = ops.minimum(deltas[:, 2] / ww, clip)
+    dh = ops.minimum(deltas[:, 3] / wh, clip)
     cx, cy = ax + dx * aw, ay + dy * ah
     w, h = aw * ops.exp(dw), ah * ops.exp(dh)
     return ops.stack([cx - 0.5 * w, cy - 0.5 * h, cx + 0.5 * w, cy + 0.5 * h], axis=1)
@@ -76,8 +83,9 @@ def np_encode(boxes: np.ndarray, anchors: np.ndarray, weights=(1.0, 1.0, 1.0, 1.
     return _encode(np, boxes, anchors, weights).astype(np.float32)
 
 
-def np_decode(deltas: np.ndarray, anchors: np.ndarray, weights=(1.0, 1.0, 1.0, 1.0)) -> np.ndarray:
-    return _decode(np, deltas, anchors, weights).astype(np.float32)
+def np_decode(deltas: np.ndarray, anchors: np.ndarray, weights=(1.0, 1.0, 1.0, 1.0),
+              clip: float = BBOX_DECODE_CLIP) -> np.ndarray:
+    return _decode(np, deltas, anchors, weights, clip).astype(np.float32)
 
 
 def np_clip(boxes: np.ndarray, height: float, width: float) -> np.ndarray:
@@ -124,10 +132,10 @@ def tf_encode(boxes, anchors, weights=(1.0, 1.0, 1.0, 1.0)):
         return _encode(_TfOps(tf), boxes, anchors, weights)
 
 
-def tf_decode(deltas, anchors, weights=(1.0, 1.0, 1.0, 1.0)):
+def tf_decode(deltas, anchors, weights=(1.0, 1.0, 1.0, 1.0), clip: float = BBOX_DECODE_CLIP):
     tf = _tf()
     with tf.name_scope(scopes.BOX_DECODE):
-        return _decode(_TfOps(tf), deltas, anchors, weights)
+        return _decode(_TfOps(tf), deltas, anchors, weights, clip)
 
 
 def tf_clip(boxes, image_hw):

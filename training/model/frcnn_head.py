@@ -84,22 +84,26 @@ def box_targets(rois, gt_boxes, fg_gt_index, num_fg, weights):
     return tf_encode(tf.gather(gt_boxes, fg_gt_index), rois[:num_fg], weights)
 
 
-def detections(rois, logits, deltas, image_hw, *, weights, score_thresh: float, nms_thresh: float, max_dets: int):
-    """Final detections of one image: per-class decoding, score threshold, class-wise NMS.
+def detections(rois, logits, deltas, image_hw, *, weights, score_thresh: float, nms_thresh: float, max_dets: int,
+               decode_clip: float):
+    """Final detections of one image: per-class decoding (log-size deltas clipped at
+    ``decode_clip``), score threshold, class-wise NMS, as tensorpack's fastrcnn_predictions.
 
-    Returns ``boxes [K, 4]``, ``scores [K]``, ``labels [K]`` (1-based classes), best first.
+    Returns ``boxes [K, 4]``, ``scores [K]``, ``labels [K]`` (1-based classes), best first. Boxes
+    that clipping to the image left with no width or height are kept, as tensorpack keeps them:
+    they score what the model gave them and take their place in the ranking (their masks are
+    empty); dropping them would change which detections fill ``max_dets``.
     """
     num_classes = tf.shape(deltas)[1]
     probs = tf.nn.softmax(logits)[:, 1:]  # [N, C]
     n = tf.shape(rois)[0]
     rois_rep = tf.reshape(tf.tile(rois[:, None, :], [1, num_classes, 1]), [-1, 4])
-    boxes = tf_decode(tf.reshape(deltas, [-1, 4]), rois_rep, weights)
+    boxes = tf_decode(tf.reshape(deltas, [-1, 4]), rois_rep, weights, clip=decode_clip)
     boxes = tf_clip(boxes, tf.cast(image_hw, tf.float32))  # [N*C, 4]
     scores = tf.reshape(probs, [-1])
     labels = tf.tile(tf.range(1, num_classes + 1)[None, :], [n, 1])
     labels = tf.reshape(labels, [-1])
-    keep = tf.reshape(tf.where((scores > score_thresh)
-                               & (boxes[:, 2] - boxes[:, 0] > 1e-3) & (boxes[:, 3] - boxes[:, 1] > 1e-3)), [-1])
+    keep = tf.reshape(tf.where(scores > score_thresh), [-1])
     boxes, scores, labels = tf.gather(boxes, keep), tf.gather(scores, keep), tf.gather(labels, keep)
     # class-wise NMS in one call: shift each class's boxes to a region of their own
     offset = tf.cast(labels, tf.float32)[:, None] * (tf.reduce_max(tf.cast(image_hw, tf.float32)) + 1.0)

@@ -15,7 +15,7 @@ from tensorpack.tfutils.tower import get_current_tower_context
 
 from training.compat import tf, tf1
 from training.data import packed_masks
-from training.model import consistency, frcnn_head, losses, mask_head as mask_lib
+from training.model import box_ops, consistency, frcnn_head, losses, mask_head as mask_lib
 from training.model.anchors import level_anchor_specs
 from training.model.backbone import ResNet
 from training.model.fpn import fpn
@@ -244,7 +244,8 @@ class MaskRCNN(ModelDesc):
             return frcnn_head.detections(
                 tf.gather(proposals, rows), tf.gather(logits, rows), tf.gather(deltas, rows), image_hw[i],
                 weights=cfg.FRCNN.BBOX_REG_WEIGHTS, score_thresh=cfg.TEST.RESULT_SCORE_THRESH,
-                nms_thresh=cfg.TEST.FRCNN_NMS_THRESH, max_dets=cfg.TEST.RESULTS_PER_IM)
+                nms_thresh=cfg.TEST.FRCNN_NMS_THRESH, max_dets=cfg.TEST.RESULTS_PER_IM,
+                decode_clip=box_ops.decode_clip(cfg.PREPROC.MAX_SIZE))
 
         (boxes, scores, labels), counts = _per_image(num_images, detections_of, [tf.float32, tf.float32, tf.int32])
         boxes.set_shape([None, 4])

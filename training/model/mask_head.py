@@ -1,7 +1,6 @@
 """Mask head (Mask R-CNN): per-class mask logits for each ROI, its training targets, and pasting."""
 from __future__ import annotations
 
-import cv2
 import numpy as np
 from tensorpack.models import Conv2D, Conv2DTranspose
 from tensorpack.tfutils.argscope import argscope
@@ -56,34 +55,125 @@ def mask_targets(gt_masks, mask_index, rois, *, size: int):
         return tf.stop_gradient(tf.cast(out[..., 0] >= 0.5, tf.float32))
 
 
+def paste_masks_graph(boxes, masks, height, width, *, accurate: bool, threshold: float = 0.5):
+    """Paste soft ``[N, S, S]`` ROI masks into ``height x width`` uint8 masks at ``boxes`` [N, 4]
+    (x1y1x2y2 in the image's pixels): ``[N, height, width]`` of 0/1, as tensorpack's eval.py
+    ``_paste_mask`` defines it, with exact bilinear interpolation in float64.
+
+    ``accurate`` (MRCNN.ACCURATE_PASTE): the mask, padded with a border of zeros, is sampled at
+    the centre of every image pixel, mask bin j spanning ``x1 + [j, j + 1) * (x2 - x1) / S``;
+    pixels scoring at least ``threshold`` are in. A box without width or height covers no pixel.
+    Otherwise (tensorpack's fast path, after Detectron): the box is rounded to whole pixels
+    (``int(x1 + 0.5)`` to ``int(x2 - 0.5)`` inclusive, at least one), the mask resized to it as
+    cv2.resize's INTER_LINEAR does (half-pixel centres, edges clamped), pixels above
+    ``threshold`` in.
+
+    Built on the CPU: ``maskrcnn predict`` (:class:`MaskPaster`) and the exported model, on any
+    device, run these very ops and get the same bits. Bilinear sampling on a grid is separable:
+    each mask is ``rows [h, S] @ mask [S, S] @ cols [w, S]^T`` over the ``h x w`` pixels its box
+    can reach, padded to the image.
+    """
+    size = int(masks.shape[-1])
+    with tf.device("/cpu:0"), tf.name_scope("paste_masks"):
+        height = tf.cast(height, tf.int32)
+        width = tf.cast(width, tf.int32)
+
+        def axis(lo, hi, extent):
+            """(first pixel, pixel count, [count, S] interpolation weights) along one axis."""
+            extent_f = tf.cast(extent, tf.float64)
+            if accurate:
+                span = hi - lo
+                valid = span > 0
+                span = tf.where(valid, span, tf.ones_like(span))
+                # a pixel's sample is non-zero only within one mask bin of the box
+                first = tf.clip_by_value(tf.floor(lo - span / size), 0.0, extent_f)
+                end = tf.clip_by_value(tf.math.ceil(hi + span / size), first, extent_f)
+                end = tf.where(valid, end, first)
+                pixels = tf.range(first, end, dtype=tf.float64)
+                coords = (pixels + 0.5 - lo) / span * size - 0.5
+                weights = _interpolation_matrix(coords, size, clamp=False)
+            else:
+                # Python's int() truncates toward zero
+                start = _trunc(lo + 0.5)
+                last = tf.maximum(start, _trunc(hi - 0.5))
+                count = last + 1 - start
+                first = tf.clip_by_value(start, 0.0, extent_f)
+                end = tf.clip_by_value(last + 1, first, extent_f)
+                pixels = tf.range(first, end, dtype=tf.float64)
+                coords = (pixels - start + 0.5) * (size / count) - 0.5
+                weights = _interpolation_matrix(coords, size, clamp=True)
+            return tf.cast(first, tf.int32), tf.cast(end - first, tf.int32), weights
+
+        def one(args):
+            box, mask = args
+            box = tf.cast(box, tf.float64)
+            col0, ncols, cols = axis(box[0], box[2], width)
+            row0, nrows, rows = axis(box[1], box[3], height)
+            sampled = tf.matmul(tf.matmul(rows, tf.cast(mask, tf.float64)), cols, transpose_b=True)
+            inside = sampled >= threshold if accurate else sampled > threshold
+            pasted = tf.cast(inside, tf.uint8)
+            return tf.pad(pasted, [[row0, height - row0 - nrows], [col0, width - col0 - ncols]])
+
+        def pasted():
+            out = tf.map_fn(one, (boxes, masks), fn_output_signature=tf.TensorSpec([None, None], tf.uint8))
+            return tf.reshape(out, tf.stack([tf.shape(boxes)[0], height, width]))
+
+        # map_fn cannot stack zero masks of a shape known only at run time
+        return tf.cond(tf.shape(boxes)[0] > 0, pasted, lambda: tf.zeros(tf.stack([0, height, width]), tf.uint8))
+
+
+def _trunc(x):
+    return tf.where(x < 0, tf.math.ceil(x), tf.floor(x))
+
+
+def _interpolation_matrix(coords, size: int, *, clamp: bool):
+    """``[L, size]`` weights that sample a length-``size`` signal at ``coords`` [L] linearly: row i
+    has 1 - f at floor(c) and f at floor(c) + 1. Outside the signal the weight is dropped (a zero
+    border: tensorpack pads the mask with zeros), or with ``clamp`` the position is clamped (cv2.resize)."""
+    if clamp:
+        coords = tf.clip_by_value(coords, 0.0, float(size - 1))
+    left = tf.floor(coords)
+    frac = (coords - left)[:, None]
+    left = tf.cast(left, tf.int32)
+    # one_hot of an index outside [0, size) is a zero row: exactly the dropped border sample
+    return (tf.one_hot(left, size, dtype=tf.float64) * (1.0 - frac)
+            + tf.one_hot(left + 1, size, dtype=tf.float64) * frac)
+
+
+class MaskPaster:
+    """:func:`paste_masks_graph` for NumPy arrays, in a CPU session of its own (it creates no GPU
+    device, so it can run inside a training process): what ``maskrcnn predict`` and the in-training
+    evaluation paste with."""
+
+    def __init__(self, mask_size: int, *, accurate: bool, threshold: float = 0.5):
+        from training.collectives import cpu_only_session_config
+        self.graph = tf.Graph()
+        with self.graph.as_default():
+            self.boxes = tf1.placeholder(tf.float32, [None, 4])
+            self.masks = tf1.placeholder(tf.float32, [None, mask_size, mask_size])
+            self.hw = tf1.placeholder(tf.int32, [2])
+            self.pasted = paste_masks_graph(self.boxes, self.masks, self.hw[0], self.hw[1], accurate=accurate,
+                                            threshold=threshold)
+        self.session = tf1.Session(graph=self.graph, config=cpu_only_session_config())
+
+    def __call__(self, boxes, masks, height: int, width: int) -> np.ndarray:
+        return self.session.run(self.pasted, {self.boxes: np.asarray(boxes, np.float32).reshape(-1, 4),
+                                              self.masks: np.asarray(masks, np.float32), self.hw: [height, width]})
+
+
+_PASTERS: dict = {}
+
+
+def mask_paster(mask_size: int, *, accurate: bool, threshold: float = 0.5) -> MaskPaster:
+    """One :class:`MaskPaster` per setting for the process (its graph is built once)."""
+    key = (mask_size, accurate, threshold)
+    if key not in _PASTERS:
+        _PASTERS[key] = MaskPaster(mask_size, accurate=accurate, threshold=threshold)
+    return _PASTERS[key]
+
+
 def paste_mask(box, mask: np.ndarray, height: int, width: int, threshold: float = 0.5,
                accurate: bool = True) -> np.ndarray:
-    """Paste a soft ``[S, S]`` ROI mask into a ``height x width`` uint8 image mask at ``box`` (x1y1x2y2).
-
-    ``accurate`` (MRCNN.ACCURATE_PASTE) samples the mask at the centre of every covered image pixel
-    with sub-pixel box coordinates; otherwise the mask is resized to the box rounded to pixels.
-    """
-    out = np.zeros((height, width), np.uint8)
-    x1, y1, x2, y2 = [float(v) for v in box]
-    if not accurate:
-        rx1, ry1 = int(round(x1)), int(round(y1))
-        rx2, ry2 = max(int(round(x2)), rx1 + 1), max(int(round(y2)), ry1 + 1)
-        resized = cv2.resize(mask.astype(np.float32), (rx2 - rx1, ry2 - ry1), interpolation=cv2.INTER_LINEAR)
-        cx1, cy1, cx2, cy2 = max(rx1, 0), max(ry1, 0), min(rx2, width), min(ry2, height)
-        if cx2 > cx1 and cy2 > cy1:
-            out[cy1:cy2, cx1:cx2] = resized[cy1 - ry1:cy2 - ry1, cx1 - rx1:cx2 - rx1] >= threshold
-        return out
-    ix1, iy1 = max(int(np.floor(x1)), 0), max(int(np.floor(y1)), 0)
-    ix2, iy2 = min(int(np.ceil(x2)), width), min(int(np.ceil(y2)), height)
-    if ix2 <= ix1 or iy2 <= iy1:
-        return out
-    # sample the ROI mask at the centres of the covered image pixels (mask bin j covers
-    # x1 + [j, j+1) * w / S), with bilinear interpolation through cv2.remap
-    s = mask.shape[0]
-    xs = (np.arange(ix1, ix2, dtype=np.float32) + 0.5 - x1) / max(x2 - x1, 1e-6) * s - 0.5
-    ys = (np.arange(iy1, iy2, dtype=np.float32) + 0.5 - y1) / max(y2 - y1, 1e-6) * s - 0.5
-    mx, my = np.meshgrid(xs, ys)
-    sampled = cv2.remap(mask.astype(np.float32), mx, my, interpolation=cv2.INTER_LINEAR,
-                        borderMode=cv2.BORDER_CONSTANT, borderValue=0.0)
-    out[iy1:iy2, ix1:ix2] = (sampled >= threshold).astype(np.uint8)
-    return out
+    """One soft ``[S, S]`` mask pasted at ``box`` into a ``height x width`` uint8 mask (:func:`paste_masks_graph`)."""
+    mask = np.asarray(mask, np.float32)
+    return mask_paster(mask.shape[0], accurate=accurate, threshold=threshold)([box], mask[None], height, width)[0]

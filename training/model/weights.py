@@ -426,13 +426,15 @@ def model_variable_shapes(cfg) -> dict[str, tuple]:
     return out
 
 
-def check_model_file(path: str, cfg) -> FinetunePlan:
-    """Before building anything: the model file ``path`` (``TRAIN.LOAD_MODEL``) restores every
-    variable of the configured model (see :func:`plan_finetune`)."""
+def check_model_file(path: str, cfg, *, key: str = "TRAIN.LOAD_MODEL") -> FinetunePlan:
+    """Before building anything: the model file ``path`` (``key``: TRAIN.LOAD_MODEL, or the
+    model given to predict or export) restores every variable of the configured model (see
+    :func:`plan_finetune`)."""
     shapes = model_file_shapes(path)
     if any(BACKBONE_VARIABLE.match(n) for n in shapes):
-        check_norm(shapes, norm=cfg.BACKBONE.NORM, path=path, key="TRAIN.LOAD_MODEL")
-    return plan_finetune(shapes, model_variable_shapes(cfg), path=path, every_entry_is_a_variable=path.endswith(".npz"))
+        check_norm(shapes, norm=cfg.BACKBONE.NORM, path=path, key=key)
+    return plan_finetune(shapes, model_variable_shapes(cfg), path=path, every_entry_is_a_variable=path.endswith(".npz"),
+                         key=key)
 
 
 def strict_finetune_init(path: str):
