@@ -1,6 +1,7 @@
 """Region Proposal Network: a shared conv head on every level, and proposal generation."""
 from __future__ import annotations
 
+import numpy as np
 from tensorpack.models import Conv2D
 from tensorpack.tfutils.argscope import argscope
 
@@ -53,10 +54,14 @@ def _nms_topk(boxes, scores, *, pre_nms_topk: int, post_nms_topk: int, nms_thres
     k = tf.minimum(pre_nms_topk, tf.size(scores))
     scores, idx = tf.nn.top_k(scores, k=k, sorted=True)
     boxes = tf_clip(tf.gather(boxes, idx), image_hw)
-    if min_size > 0:
-        keep = tf.reshape(tf.where((boxes[:, 2] - boxes[:, 0] > min_size) & (boxes[:, 3] - boxes[:, 1] > min_size)), [-1])
-        boxes, scores = tf.gather(boxes, keep), tf.gather(scores, keep)
-    keep = tf.image.non_max_suppression(boxes, scores, post_nms_topk, iou_threshold=nms_thresh)
+    # Boxes outside the image (anchors in another image's batch padding) clip to zero area; they
+    # would still take NMS and top-k slots. Dropped as detectron2 drops empty boxes after clipping
+    # (``Boxes.nonempty``); MIN_SIZE raises the bar.
+    # (NMS's score threshold drops them: no separate tf.where and its wait for the count)
+    nonempty = (boxes[:, 2] - boxes[:, 0] > min_size) & (boxes[:, 3] - boxes[:, 1] > min_size)
+    scores = tf.where(nonempty, scores, -np.inf)
+    keep = tf.image.non_max_suppression(boxes, scores, post_nms_topk, iou_threshold=nms_thresh,
+                                        score_threshold=np.finfo(np.float32).min)
     return tf.gather(boxes, keep), tf.gather(scores, keep)
 
 
