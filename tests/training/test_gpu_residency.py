@@ -102,3 +102,26 @@ def test_cudnn_autotune_follows_the_short_edge_range():
     assert "TF_CUDNN_USE_AUTOTUNE" not in env([800, 800])
     assert "TF_CUDNN_USE_AUTOTUNE" not in env([700, 800])
     assert env([640, 800])["TF_CUDNN_USE_AUTOTUNE"] == "0"
+
+
+def test_xla_compiles_static_shaped_training_parts_only(monkeypatch):
+    """TRAIN.XLA on a GPU marks the training tower's backbone, FPN, RPN and box head for XLA; not ROI
+    pooling, the mask head (a new row count almost every step), nor the evaluation tower. Built as a
+    GPU rank builds it: the device probe says GPU (no GPU is needed to build the graph)."""
+    from training.compat import tf1
+    from training.config import finalize, new_config
+    from training.model import generalized_rcnn
+    from training.model.tower import build_towers
+    monkeypatch.setattr(generalized_rcnn, "_has_gpu", lambda: True)
+    cfg = new_config()
+    cfg.update_args([*STEP, "BACKBONE.DATA_FORMAT='NHWC'", "TRAIN.XLA=True", "MODE_MASK=True"])
+    cfg = finalize(cfg, num_ranks=1, class_names=["BG", "a", "b"], has_gpu=False)
+    graph = tf1.Graph()
+    with graph.as_default():
+        build_towers(cfg, predict=True)
+    compiled_ops = [op for op in graph.get_operations()
+                    if "_XlaCompile" in op.node_def.attr and op.get_attr("_XlaCompile")]
+    compiled = [op.name for op in compiled_ops]
+    assert any(n.startswith("group0/") for n in compiled) and any(n.startswith("fastrcnn/") for n in compiled)
+    assert not [n for n in compiled if n.startswith(("pred/", "maskrcnn/", "multilevel_roi_align", "roi_align"))]
+    assert not [op.name for op in compiled_ops if op.type in ("CropAndResize", "NonMaxSuppressionV3")]

@@ -132,10 +132,9 @@ class MaskRCNN(ModelDesc):
         cfg = self.cfg
         if cfg.MODE_FPN:
             pooled = pool(boxes, box_indices, cfg.MRCNN.MASK_SIZE // 2)
-            with _xla_scope(cfg):
-                return mask_lib.mask_head(pooled, num_classes=self.num_classes, head_dim=cfg.MRCNN.HEAD_DIM,
-                                          num_conv=cfg.MRCNN.NUM_CONV, use_gn=cfg.FPN.MRCNN_HEAD_FUNC.endswith("gn_head"),
-                                          gn_groups=cfg.BACKBONE.GN_GROUPS)
+            return mask_lib.mask_head(pooled, num_classes=self.num_classes, head_dim=cfg.MRCNN.HEAD_DIM,
+                                      num_conv=cfg.MRCNN.NUM_CONV, use_gn=cfg.FPN.MRCNN_HEAD_FUNC.endswith("gn_head"),
+                                      gn_groups=cfg.BACKBONE.GN_GROUPS)
         # C4: the res5 features of the same ROIs, upsampled 2x (14x14 masks)
         if res5 is None:  # inference: res5 again, on the final boxes, with the box head's weights
             pooled = pool(boxes, box_indices, 2 * cfg.FRCNN.POOLED_SIZE)
@@ -152,8 +151,9 @@ class MaskRCNN(ModelDesc):
                     anchor_labels, anchor_targets):
         cfg = self.cfg
         training = get_current_tower_context().is_training
-        rpn_feats, pool = self._features(images, image_hw)
-        logits_l, deltas_l, anchors_l = multilevel_rpn(rpn_feats, cfg=cfg, data_format=cfg.BACKBONE.DATA_FORMAT)
+        with _xla_scope(cfg):
+            rpn_feats, pool = self._features(images, image_hw)
+            logits_l, deltas_l, anchors_l = multilevel_rpn(rpn_feats, cfg=cfg, data_format=cfg.BACKBONE.DATA_FORMAT)
         if not training:
             return self._inference(pool, logits_l, deltas_l, anchors_l, image_hw)
         batch = cfg.TRAIN.BATCH_SIZE_PER_GPU
@@ -292,9 +292,11 @@ def _per_image(num_images, fn, dtypes):
 
 
 def _xla_scope(cfg):
-    """XLA for the training tower's box and mask heads when TRAIN.XLA is on a GPU: their inputs are
-    pooled ROIs of a fixed size, not image-sized maps, so a new padded batch shape recompiles
-    nothing (ROI pooling stays outside). The evaluation tower never gets it."""
+    """XLA for the training tower's parts of static shape, when TRAIN.XLA is on a GPU: the backbone,
+    FPN and RPN head (TRAIN.XLA pads every batch to one of four shapes: data/examples.py, batch_padded_size)
+    and the box head (BATCH_PER_IM rows an image whenever there are enough proposals, always in
+    practice). Not ROI pooling or the mask head (rows = foreground ROIs, a new count almost every
+    step: a recompilation each), and never the evaluation tower (any image size, any detections)."""
     import contextlib
     if cfg.TRAIN.XLA and _has_gpu() and get_current_tower_context().is_training:
         return tf1.xla.experimental.jit_scope(compile_ops=True, separate_compiled_gradients=True)
