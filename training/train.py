@@ -100,9 +100,9 @@ def session_config(cfg, local_size: int):
     conf.intra_op_parallelism_threads = threads  # don't oversubscribe the cores shared by local ranks
     conf.inter_op_parallelism_threads = threads
     gpu = bool(tf.config.list_physical_devices("GPU"))
-    # TRAIN.XLA compiles the training tower's ROI heads only (generalized_rcnn.py), whose shapes do
-    # not follow the image size: no session-wide auto-clustering, which would also compile the
-    # evaluation tower and recompile the backbone for every padded batch shape.
+    # TRAIN.XLA compiles the training tower's static-shaped parts only (generalized_rcnn._xla_scope):
+    # no session-wide auto-clustering, which would also compile the evaluation tower (a new image
+    # size every image) and the mask head (a new row count almost every step).
     if not gpu:
         # grappler's memory optimizer serves GPU memory only; on CPU it just logs cost-model warnings.
         # The rest of grappler stays on here too: it adds ~3 s to a CPU process's first step, but made
