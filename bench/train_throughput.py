@@ -32,7 +32,7 @@ def main(argv=None):
         args.config.append(f"TRAIN.BATCH_SIZE_PER_GPU={args.batch_size}")
     args.config += [f"TRAIN.MIXED_PRECISION={args.mixed_precision}", f"TRAIN.XLA={args.xla}"]
 
-    from training.compat import tf, tf1, use_graph_mode
+    from training.compat import tf1, use_graph_mode
     use_graph_mode()
     cfg, split = _common.load_config(args)
     from training.data.pipeline import TrainingBatches
@@ -45,8 +45,7 @@ def main(argv=None):
     conf.gpu_options.allow_growth = True
     if args.threads:
         conf.intra_op_parallelism_threads = conf.inter_op_parallelism_threads = args.threads
-    if cfg.TRAIN.XLA and tf.config.list_physical_devices("GPU"):
-        conf.graph_options.optimizer_options.global_jit_level = tf1.OptimizerOptions.ON_1
+    # TRAIN.XLA marks the parts the model compiles (generalized_rcnn._xla_scope): no session-wide jit level
     with tf1.Session(config=conf) as sess:
         sess.run(tf1.global_variables_initializer())
         feeds = itertools.cycle([towers.feed(b) for b in batches])

@@ -215,7 +215,11 @@ _C.TRAIN.GRADIENT_CLIP = 0.0  # global-norm clip; 0 = off (use ~1.5 for large gl
 # for another class count (training/model/weights.py). A checkpoint in the log dir resumes instead.
 _C.TRAIN.LOAD_MODEL = ""
 _C.TRAIN.MIXED_PRECISION = False  # GPU only: float16 compute through the grappler AMP rewrite + loss scaling
-_C.TRAIN.XLA = False              # GPU only: XLA auto-clustering (global_jit_level ON_1)
+_C.TRAIN.XLA = False              # GPU only: XLA for the training tower's static-shape parts (backbone, FPN, RPN, box head)
+# In-graph consistency checks (training/model/consistency.py): the pipeline's anchor labels against
+# the RPN's logits, the sampled ROIs, the mask targets. Each runs on the host and waits for the GPU,
+# so they are for debugging a changed pipeline or model, off in training.
+_C.TRAIN.DEBUG_CHECKS = False
 # Horovod allreduce in fp16: "fp16", "none", "auto" = fp16 across nodes under MIXED_PRECISION on GPU,
 # where the gradients are still loss-scaled (unscaled fp32 gradients underflow in fp16: training/gradients.py)
 _C.TRAIN.GRADIENT_COMPRESSION = "auto"
@@ -335,6 +339,21 @@ def _gpu_available() -> bool:
     return bool(tf.config.list_physical_devices("GPU"))
 
 
+# tensorpack's rule (examples/FasterRCNN/config.py, finalize_configs): with training short edges
+# spread over more than this many pixels, cuDNN autotuning is off, since every new padded shape
+# would be autotuned again (bench/gpu_readiness.py counts the shapes).
+AUTOTUNE_MAX_SHORT_EDGE_RANGE = 100
+
+
+def gpu_environment(cfg: AttrDict) -> dict[str, str]:
+    """Environment for TensorFlow's GPU kernels in training, to set before the session runs."""
+    low, high = cfg.PREPROC.TRAIN_SHORT_EDGE_SIZE
+    env = {"TF_AUTOTUNE_THRESHOLD": "1"}  # autotune on a shape's first use, not after a few runs
+    if high - low > AUTOTUNE_MAX_SHORT_EDGE_RANGE:
+        env["TF_CUDNN_USE_AUTOTUNE"] = "0"
+    return env
+
+
 def finalize(cfg: AttrDict, *, num_ranks: int, class_names: list[str] | None = None,
              has_gpu: bool | None = None, num_train_images: int | None = None) -> AttrDict:
     """Validate ``cfg``, derive the values marked "derived" above, and freeze it.
@@ -355,7 +374,8 @@ def finalize(cfg: AttrDict, *, num_ranks: int, class_names: list[str] | None = N
 
 def _finalize(cfg: AttrDict, *, num_ranks: int, class_names, has_gpu, num_train_images=None) -> None:
     _require(_is_int(num_ranks) and num_ranks >= 1, f"num_ranks must be >= 1, got {num_ranks!r}")
-    for key in ("MODE_MASK", "MODE_FPN", "PREPROC.HORIZONTAL_FLIP", "TRAIN.MIXED_PRECISION", "TRAIN.XLA"):
+    for key in ("MODE_MASK", "MODE_FPN", "PREPROC.HORIZONTAL_FLIP", "TRAIN.MIXED_PRECISION", "TRAIN.XLA",
+                "TRAIN.DEBUG_CHECKS"):
         _require(isinstance(cfg.get(key), bool), f"{key} must be True or False, got {cfg.get(key)!r}")
 
     # -- data

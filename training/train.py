@@ -106,8 +106,9 @@ def session_config(cfg, local_size: int):
     conf.intra_op_parallelism_threads = threads  # don't oversubscribe the cores shared by local ranks
     conf.inter_op_parallelism_threads = threads
     gpu = bool(tf.config.list_physical_devices("GPU"))
-    if cfg.TRAIN.XLA and gpu:
-        conf.graph_options.optimizer_options.global_jit_level = tf1.OptimizerOptions.ON_1
+    # TRAIN.XLA compiles the training tower's static-shaped parts only (generalized_rcnn._xla_scope):
+    # no session-wide auto-clustering, which would also compile the evaluation tower (a new image
+    # size every image) and the mask head (a new row count almost every step).
     if not gpu:
         # grappler's memory optimizer serves GPU memory only; on CPU it just logs cost-model warnings.
         # The rest of grappler stays on here too: it adds ~3 s to a CPU process's first step, but made
@@ -131,7 +132,7 @@ def main(argv=None) -> int:
     from tensorpack.tfutils.sessinit import ChainInit, SmartInit
 
     from training import callbacks as cb, cloudwatch_metrics, collectives, gradients
-    from training.config import ConfigError, finalize
+    from training.config import ConfigError, finalize, gpu_environment
     from training.data.coco import DatasetError
     from training.data.pipeline import TrainingBatches
     from training.planned_time import PlannedTime
@@ -179,6 +180,8 @@ def main(argv=None) -> int:
     if cfg.TRAIN.MIXED_PRECISION or cfg.TRAIN.XLA:
         if not tf.config.list_physical_devices("GPU"):
             print("note: TRAIN.MIXED_PRECISION / TRAIN.XLA apply on GPU only; ignored on this CPU run", flush=True)
+    for key, value in gpu_environment(cfg).items():  # read when the first GPU kernels are made
+        os.environ.setdefault(key, value)
 
     resume = collectives.broadcast_object(resume, name="resume_state")
     ckpt, step = (resume.checkpoint, resume.step) if resume else (None, 0)

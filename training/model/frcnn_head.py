@@ -22,12 +22,15 @@ def sample_rois(proposals, gt_boxes, gt_labels, *, batch_per_im: int, fg_ratio: 
         iou = tf_iou(boxes, gt_boxes)  # [N, G]
         best_iou = tf.reduce_max(iou, axis=1)
         best_gt = tf.argmax(iou, axis=1, output_type=tf.int32)
-        fg = tf.reshape(tf.where(best_iou >= fg_thresh), [-1])
-        bg = tf.reshape(tf.where(best_iou < fg_thresh), [-1])
-        num_fg = tf.minimum(int(batch_per_im * fg_ratio), tf.size(fg))
-        fg = tf.random.shuffle(fg)[:num_fg]
-        num_bg = tf.minimum(batch_per_im - num_fg, tf.size(bg))
-        bg = tf.random.shuffle(bg)[:num_bg]
+        # a uniformly random subset of each kind in random order, as shuffling and slicing would give,
+        # from random keys and top_k: both have GPU kernels (RandomShuffle runs on the CPU only)
+        is_fg = best_iou >= fg_thresh
+        n = tf.size(best_iou)
+        keys = tf.random.uniform([n], 0.0, 1.0)
+        num_fg = tf.minimum(int(batch_per_im * fg_ratio), tf.reduce_sum(tf.cast(is_fg, tf.int32)))
+        fg = tf.nn.top_k(tf.where(is_fg, keys, -1.0), k=num_fg, sorted=True).indices
+        num_bg = tf.minimum(batch_per_im - num_fg, n - tf.reduce_sum(tf.cast(is_fg, tf.int32)))
+        bg = tf.nn.top_k(tf.where(is_fg, -1.0, keys), k=num_bg, sorted=True).indices
         keep = tf.concat([fg, bg], axis=0)
         fg_gt_index = tf.gather(best_gt, fg)
         labels = tf.concat([tf.gather(gt_labels, fg_gt_index), tf.zeros([num_bg], tf.int32)], axis=0)

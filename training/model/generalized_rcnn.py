@@ -14,7 +14,6 @@ from tensorpack.tfutils.summary import add_moving_summary
 from tensorpack.tfutils.tower import get_current_tower_context
 
 from training.compat import tf, tf1
-from training.data import packed_masks
 from training.model import box_ops, consistency, frcnn_head, losses, mask_head as mask_lib
 from training.model.anchors import level_anchor_specs
 from training.model.backbone import ResNet
@@ -38,8 +37,11 @@ def learning_rate(cfg, global_step):
     t = cfg.TRAIN
     step = tf.cast(global_step, tf.float32)
     values = [t.SCALED_LR * m for m in t.LR_MULTIPLIERS]
-    lr = tf1.train.piecewise_constant(global_step, [int(b) for b in t.LR_BOUNDARIES], values) \
-        if t.LR_BOUNDARIES else tf.constant(values[0])
+    # piecewise constant (values[k] after k boundaries are passed, as tf1.train.piecewise_constant),
+    # without the host-side assert of piecewise_constant's tf.case
+    passed = tf.reduce_sum(tf.cast(global_step > tf.constant([int(b) for b in t.LR_BOUNDARIES], global_step.dtype),
+                                   tf.int32)) if t.LR_BOUNDARIES else 0
+    lr = tf.gather(tf.constant(values, tf.float32), passed)
     if t.WARMUP_STEPS > 0:
         alpha = tf.minimum(step / float(t.WARMUP_STEPS), 1.0)
         lr = tf.where(step < t.WARMUP_STEPS, t.WARMUP_INIT_LR * (1 - alpha) + lr * alpha, lr)
@@ -111,9 +113,10 @@ class MaskRCNN(ModelDesc):
         cfg = self.cfg
         if cfg.MODE_FPN:
             pooled = pool(rois, box_indices, cfg.FRCNN.POOLED_SIZE)
-            logits, deltas = frcnn_head.box_head(pooled, head_func=cfg.FPN.FRCNN_HEAD_FUNC,
-                                                 fc_dim=cfg.FPN.FRCNN_FC_HEAD_DIM, conv_dim=cfg.FPN.FRCNN_CONV_HEAD_DIM,
-                                                 num_classes=self.num_classes, gn_groups=cfg.BACKBONE.GN_GROUPS)
+            with _xla_scope(cfg):
+                logits, deltas = frcnn_head.box_head(pooled, head_func=cfg.FPN.FRCNN_HEAD_FUNC,
+                                                     fc_dim=cfg.FPN.FRCNN_FC_HEAD_DIM, conv_dim=cfg.FPN.FRCNN_CONV_HEAD_DIM,
+                                                     num_classes=self.num_classes, gn_groups=cfg.BACKBONE.GN_GROUPS)
             return logits, deltas, None
         # C4: pool 2P x 2P from res4, run res5 (stride 2) as the head, global-average-pool
         pooled = pool(rois, box_indices, 2 * cfg.FRCNN.POOLED_SIZE)
@@ -148,19 +151,21 @@ class MaskRCNN(ModelDesc):
                     anchor_labels, anchor_targets):
         cfg = self.cfg
         training = get_current_tower_context().is_training
-        rpn_feats, pool = self._features(images, image_hw)
-        logits_l, deltas_l, anchors_l = multilevel_rpn(rpn_feats, cfg=cfg, data_format=cfg.BACKBONE.DATA_FORMAT)
+        with _xla_scope(cfg):
+            rpn_feats, pool = self._features(images, image_hw)
+            logits_l, deltas_l, anchors_l = multilevel_rpn(rpn_feats, cfg=cfg, data_format=cfg.BACKBONE.DATA_FORMAT)
         if not training:
             return self._inference(pool, logits_l, deltas_l, anchors_l, image_hw)
         batch = cfg.TRAIN.BATCH_SIZE_PER_GPU
         proposals = [generate_proposals([lg[i] for lg in logits_l], [dl[i] for dl in deltas_l], anchors_l,
                                         image_hw[i], cfg=cfg, training=training)[0] for i in range(batch)]
 
-        # ---- RPN losses over all images and levels, once the labels are checked to line up
-        specs = level_anchor_specs(cfg)
-        anchor_index, anchor_labels, anchor_targets = consistency.checked_anchor_targets(
-            num_anchors, anchor_index, anchor_labels, anchor_targets, logits_l, tf.shape(images)[1:3], specs=specs,
-            anchors_per_cell=len(specs[0][1]) * len(cfg.RPN.ANCHOR_RATIOS), fpn=cfg.MODE_FPN)
+        # ---- RPN losses over all images and levels (with TRAIN.DEBUG_CHECKS, once the labels are checked to line up)
+        if cfg.TRAIN.DEBUG_CHECKS:
+            specs = level_anchor_specs(cfg)
+            anchor_index, anchor_labels, anchor_targets = consistency.checked_anchor_targets(
+                num_anchors, anchor_index, anchor_labels, anchor_targets, logits_l, tf.shape(images)[1:3],
+                specs=specs, anchors_per_cell=len(specs[0][1]) * len(cfg.RPN.ANCHOR_RATIOS), fpn=cfg.MODE_FPN)
         rpn_label_loss, rpn_box_loss = losses.sampled_rpn_losses(
             anchor_index, anchor_labels, anchor_targets, tf.concat(logits_l, axis=1), tf.concat(deltas_l, axis=1),
             batch_per_im=cfg.RPN.BATCH_PER_IM)
@@ -175,8 +180,9 @@ class MaskRCNN(ModelDesc):
             r, lab, fg_gt, num_fg = frcnn_head.sample_rois(
                 proposals[i], gtb, gtl, batch_per_im=cfg.FRCNN.BATCH_PER_IM, fg_ratio=cfg.FRCNN.FG_RATIO,
                 fg_thresh=cfg.FRCNN.FG_THRESH)
-            r, lab, fg_gt = consistency.checked_sampled_rois(
-                r, lab, fg_gt, num_fg, batch_per_im=cfg.FRCNN.BATCH_PER_IM, fg_ratio=cfg.FRCNN.FG_RATIO, image=i)
+            if cfg.TRAIN.DEBUG_CHECKS:
+                r, lab, fg_gt = consistency.checked_sampled_rois(
+                    r, lab, fg_gt, num_fg, batch_per_im=cfg.FRCNN.BATCH_PER_IM, fg_ratio=cfg.FRCNN.FG_RATIO, image=i)
             rois.append(r)
             labels.append(lab)
             roi_img.append(tf.fill([tf.shape(r)[0]], i))
@@ -203,14 +209,13 @@ class MaskRCNN(ModelDesc):
         if cfg.MODE_MASK:
             res5_fg = tf.gather(res5, fg_pos) if res5 is not None else None
             mask_logits = self._mask_logits(pool, fg_rois, fg_img, res5_fg)
-            with tf.device("/cpu:0"):  # where mask_targets reads them
-                gt_masks = packed_masks.tf_unpack(gt_masks)  # the pipeline packs 8 pixels a byte
-            shp = tf.shape(gt_masks)
+            shp = tf.shape(gt_masks)  # packed 8 pixels a byte; mask_targets reads the bits it samples
             flat_masks = tf.reshape(gt_masks, [shp[0] * shp[1], shp[2], shp[3]])
             size = mask_logits.shape[-1] or cfg.MRCNN.MASK_SIZE
             targets = mask_lib.mask_targets(flat_masks, fg_mask_index, fg_rois, size=int(size))
-            mask_logits, targets = consistency.checked_mask_targets(mask_logits, targets, fg_labels,
-                                                                    num_classes=self.num_classes)
+            if cfg.TRAIN.DEBUG_CHECKS:
+                mask_logits, targets = consistency.checked_mask_targets(mask_logits, targets, fg_labels,
+                                                                        num_classes=self.num_classes)
             mask_loss, mstats = losses.maskrcnn_loss(mask_logits, fg_labels, targets)
             named.update({"maskrcnn_loss/maskrcnn_loss": mask_loss, **mstats})
             total = total + mask_loss
@@ -287,6 +292,18 @@ def _per_image(num_images, fn, dtypes):
 
     _, counts, *arrays = tf.while_loop(lambda i, *_: i < num_images, body, [tf.constant(0), counts, *arrays])
     return [a.concat() for a in arrays], counts.stack()
+
+
+def _xla_scope(cfg):
+    """XLA for the training tower's parts of static shape, when TRAIN.XLA is on a GPU: the backbone,
+    FPN and RPN head (TRAIN.XLA pads every batch to one of four shapes: data/examples.py, batch_padded_size)
+    and the box head (BATCH_PER_IM rows an image whenever there are enough proposals, always in
+    practice). Not ROI pooling or the mask head (rows = foreground ROIs, a new count almost every
+    step: a recompilation each), and never the evaluation tower (any image size, any detections)."""
+    import contextlib
+    if cfg.TRAIN.XLA and _has_gpu() and get_current_tower_context().is_training:
+        return tf1.xla.experimental.jit_scope(compile_ops=True, separate_compiled_gradients=True)
+    return contextlib.nullcontext()
 
 
 def _has_gpu() -> bool:

@@ -93,7 +93,8 @@ def fastrcnn_losses(labels, logits, box_target, box_pred_fg, *, roi_image=None, 
 
 
 def maskrcnn_loss(mask_logits, fg_labels, mask_targets):
-    """``mask_logits [F, C, S, S]``; the channel of each ROI's class is trained against ``mask_targets [F, S, S]``."""
+    """``mask_logits [F, C, S, S]``; the channel of each ROI's class is trained against the soft
+    ``mask_targets [F, S, S]`` (0..1); accuracy and the pixel ratio count target pixels above 0.5."""
     with tf.name_scope(scopes.MASK_LOSS):
         idx = tf.stack([tf.range(tf.size(fg_labels)), fg_labels - 1], axis=1)
         logits = tf.gather_nd(mask_logits, idx)  # [F, S, S]
@@ -101,10 +102,11 @@ def maskrcnn_loss(mask_logits, fg_labels, mask_targets):
         loss = tf.nn.sigmoid_cross_entropy_with_logits(labels=mask_targets, logits=logits)
         loss = tf.where(num > 0, tf.reduce_mean(loss), 0.0)
         pred = tf.cast(logits > 0, tf.float32)
-        accuracy = tf.where(num > 0, tf.reduce_mean(tf.cast(tf.equal(pred, mask_targets), tf.float32)), 0.0)
-        pos = tf.reduce_sum(mask_targets)
-        pos_accuracy = tf.reduce_sum(pred * mask_targets) / tf.maximum(pos, 1.0)
-        fg_pixel_ratio = tf.where(num > 0, tf.reduce_mean(mask_targets), 0.0)
+        truth = tf.cast(mask_targets > 0.5, tf.float32)  # the targets are soft; the metrics count pixels
+        accuracy = tf.where(num > 0, tf.reduce_mean(tf.cast(tf.equal(pred, truth), tf.float32)), 0.0)
+        pos = tf.reduce_sum(truth)
+        pos_accuracy = tf.reduce_sum(pred * truth) / tf.maximum(pos, 1.0)
+        fg_pixel_ratio = tf.where(num > 0, tf.reduce_mean(truth), 0.0)
         stats = {"maskrcnn_loss/accuracy": _named(accuracy, "accuracy"),
                  "maskrcnn_loss/pos_accuracy": _named(pos_accuracy, "pos_accuracy"),
                  "maskrcnn_loss/fg_pixel_ratio": _named(fg_pixel_ratio, "fg_pixel_ratio")}

@@ -7,6 +7,7 @@ from tensorpack.tfutils.argscope import argscope
 
 from training.compat import tf, tf1
 from training.model import scopes
+from training.data import packed_masks as packed_masks_lib
 from training.model.backbone import group_norm
 
 
@@ -27,32 +28,56 @@ def mask_head(pooled, *, num_classes: int, head_dim: int, num_conv: int, use_gn:
         return tf.transpose(x, [0, 3, 1, 2])
 
 
-def mask_targets(gt_masks, mask_index, rois, *, size: int):
-    """Binary ``[N, size, size]`` targets: each ROI's ground-truth mask sampled at its bin centres.
+def mask_targets(packed_masks, mask_index, rois, *, size: int):
+    """Soft ``[N, size, size]`` targets: each ROI's ground-truth mask sampled bilinearly at its bin centres.
 
-    ``gt_masks``: ``[M, H, W]`` full-image masks (uint8) of the batch, flattened over images;
-    ``mask_index``: ``[N]`` which of them each ROI matched.
+    ``packed_masks``: ``[M, H, Wb]`` full-image masks of the batch, flattened over images, packed 8
+    pixels a byte as the input pipeline feeds them (``training.data.packed_masks``; ``Wb`` a multiple
+    of 4, as every padded width is a multiple of 32); ``mask_index``: ``[N]`` which of them each ROI
+    matched. The targets are the bilinear samples themselves, not thresholded at 0.5: tensorpack's
+    ``maskrcnn_loss`` trains on the soft values of its crop too. Samples beyond the first or last
+    pixel centre read 0, as ``crop_and_resize`` does.
 
-    ``crop_and_resize`` reads each ROI's window straight out of the uint8 masks (``box_indices``
-    picks the mask), so no ``[N, H, W]`` copy is made: gathering a float32 full-image mask per
-    ROI took ~0.45 GB per 128 ROIs at 800x1088, growing with image area x ROIs. Placed on the
-    CPU, where the masks arrive from the input pipeline (GPU CropAndResize has no uint8 kernel):
-    only the small ``[N, size, size]`` targets travel to the GPU.
+    Only the 4 neighbour pixels of each of the ``N x size x size`` samples are read, straight out
+    of the packed bytes (seen as int32 words: GPU gathers have no uint8 kernel), so nothing of the
+    full masks is unpacked or copied and every op has a GPU kernel.
     """
-    with tf.device("/cpu:0"), tf.name_scope(scopes.MASK_TARGETS):
-        masks = tf.expand_dims(gt_masks, -1)  # [M, H, W, 1], still uint8
-        shape = tf.shape(masks)
-        x1, y1, x2, y2 = tf.unstack(rois, axis=1)
-        bw, bh = x2 - x1, y2 - y1
-        ax = x1 + 0.5 * bw / size - 0.5
-        ay = y1 + 0.5 * bh / size - 0.5
-        wn = tf.maximum(tf.cast(shape[2], tf.float32) - 1.0, 1.0)
-        hn = tf.maximum(tf.cast(shape[1], tf.float32) - 1.0, 1.0)
-        boxes = tf.stack([ay / hn, ax / wn, (ay + (size - 1) * bh / size) / hn, (ax + (size - 1) * bw / size) / wn],
-                         axis=1)
-        out = tf.image.crop_and_resize(masks, tf.stop_gradient(boxes), tf.cast(mask_index, tf.int32), [size, size],
-                                       method="bilinear")
-        return tf.stop_gradient(tf.cast(out[..., 0] >= 0.5, tf.float32))
+    with tf.name_scope(scopes.MASK_TARGETS):
+        shape = tf.shape(packed_masks)
+        words = tf.bitcast(tf.reshape(packed_masks, [shape[0], shape[1], shape[2] // 4, 4]), tf.int32)
+        height, width = shape[1], shape[2] * packed_masks_lib.BITS
+        x1, y1, x2, y2 = tf.unstack(tf.stop_gradient(rois), axis=1)
+        centres = (tf.range(size, dtype=tf.float32) + 0.5) / size
+        # sample positions in pixel-index coordinates (pixel k is centred at k + 0.5)
+        ys = y1[:, None] + centres[None, :] * (y2 - y1)[:, None] - 0.5   # [N, S]
+        xs = x1[:, None] + centres[None, :] * (x2 - x1)[:, None] - 0.5
+
+        def corners(v, limit):
+            inside = (v >= 0.0) & (v <= tf.cast(limit - 1, tf.float32))
+            low = tf.floor(v)
+            frac = v - low
+            low = tf.clip_by_value(tf.cast(low, tf.int32), 0, limit - 1)
+            return low, tf.minimum(low + 1, limit - 1), frac, inside
+
+        y_lo, y_hi, fy, y_in = corners(ys, height)
+        x_lo, x_hi, fx, x_in = corners(xs, width)
+        n, s = tf.shape(rois)[0], size
+        m = tf.broadcast_to(tf.cast(mask_index, tf.int32)[:, None, None], [n, s, s])
+
+        def read(y, x):  # [N, S] rows, [N, S] columns -> [N, S, S] pixels of 0/1
+            yy = tf.broadcast_to(y[:, :, None], [n, s, s])
+            xx = tf.broadcast_to(x[:, None, :], [n, s, s])
+            word = tf.gather_nd(words, tf.stack([m, yy, xx // 32], axis=-1))
+            # byte k of a word holds pixels 8k..8k+7 of its 32 (little-endian), the first in the high bit
+            shift = 8 * ((xx // 8) % 4) + 7 - xx % 8
+            return tf.cast(tf.bitwise.bitwise_and(tf.bitwise.right_shift(word, shift), 1), tf.float32)
+
+        fy3, fx3 = fy[:, :, None], fx[:, None, :]
+        top = read(y_lo, x_lo) * (1.0 - fx3) + read(y_lo, x_hi) * fx3
+        bottom = read(y_hi, x_lo) * (1.0 - fx3) + read(y_hi, x_hi) * fx3
+        out = top * (1.0 - fy3) + bottom * fy3
+        inside = tf.cast(y_in[:, :, None] & x_in[:, None, :], tf.float32)
+        return tf.stop_gradient(out * inside)
 
 
 def paste_masks_graph(boxes, masks, height, width, *, accurate: bool, threshold: float = 0.5):
