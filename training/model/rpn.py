@@ -1,6 +1,7 @@
 """Region Proposal Network: a shared conv head on every level, and proposal generation."""
 from __future__ import annotations
 
+import numpy as np
 from tensorpack.models import Conv2D
 from tensorpack.tfutils.argscope import argscope
 
@@ -8,7 +9,7 @@ from training.compat import tf, tf1
 from training.model import scopes
 from training.model.anchors import tf_grid_anchors
 from training.model.backbone import channels_axis
-from training.model.box_ops import tf_clip, tf_decode
+from training.model.box_ops import decode_clip, tf_clip, tf_decode
 
 
 def rpn_head(feature, *, channels: int, num_anchors: int, data_format: str):
@@ -53,10 +54,14 @@ def _nms_topk(boxes, scores, *, pre_nms_topk: int, post_nms_topk: int, nms_thres
     k = tf.minimum(pre_nms_topk, tf.size(scores))
     scores, idx = tf.nn.top_k(scores, k=k, sorted=True)
     boxes = tf_clip(tf.gather(boxes, idx), image_hw)
-    if min_size > 0:
-        keep = tf.reshape(tf.where((boxes[:, 2] - boxes[:, 0] > min_size) & (boxes[:, 3] - boxes[:, 1] > min_size)), [-1])
-        boxes, scores = tf.gather(boxes, keep), tf.gather(scores, keep)
-    keep = tf.image.non_max_suppression(boxes, scores, post_nms_topk, iou_threshold=nms_thresh)
+    # Boxes outside the image (anchors in another image's batch padding) clip to zero area; they
+    # would still take NMS and top-k slots. Dropped as detectron2 drops empty boxes after clipping
+    # (``Boxes.nonempty``); MIN_SIZE raises the bar.
+    # (NMS's score threshold drops them: no separate tf.where and its wait for the count)
+    nonempty = (boxes[:, 2] - boxes[:, 0] > min_size) & (boxes[:, 3] - boxes[:, 1] > min_size)
+    scores = tf.where(nonempty, scores, -np.inf)
+    keep = tf.image.non_max_suppression(boxes, scores, post_nms_topk, iou_threshold=nms_thresh,
+                                        score_threshold=np.finfo(np.float32).min)
     return tf.gather(boxes, keep), tf.gather(scores, keep)
 
 
@@ -71,11 +76,12 @@ def generate_proposals(logits, deltas, anchors, image_hw, *, cfg, training: bool
         r = cfg.RPN
         post = r.TRAIN_POST_NMS_TOPK if training else r.TEST_POST_NMS_TOPK
         image_hw = tf.cast(image_hw, tf.float32)
+        clip = decode_clip(cfg.PREPROC.MAX_SIZE)  # tensorpack's log(MAX_SIZE / 16), as for the final boxes
         if cfg.MODE_FPN and cfg.FPN.PROPOSAL_MODE == "Level":
             per_level = r.TRAIN_PER_LEVEL_NMS_TOPK if training else r.TEST_PER_LEVEL_NMS_TOPK
             boxes, scores = [], []
             for lg, dl, an in zip(logits, deltas, anchors):
-                b, s = _nms_topk(tf_decode(dl, an), lg, pre_nms_topk=per_level, post_nms_topk=per_level,
+                b, s = _nms_topk(tf_decode(dl, an, clip=clip), lg, pre_nms_topk=per_level, post_nms_topk=per_level,
                                  nms_thresh=r.PROPOSAL_NMS_THRESH, min_size=r.MIN_SIZE, image_hw=image_hw)
                 boxes.append(b)
                 scores.append(s)
@@ -85,7 +91,7 @@ def generate_proposals(logits, deltas, anchors, image_hw, *, cfg, training: bool
             boxes = tf.gather(boxes, idx)
         else:
             pre = r.TRAIN_PRE_NMS_TOPK if training else r.TEST_PRE_NMS_TOPK
-            boxes = tf_decode(tf.concat(deltas, 0), tf.concat(anchors, 0))
+            boxes = tf_decode(tf.concat(deltas, 0), tf.concat(anchors, 0), clip=clip)
             boxes, scores = _nms_topk(boxes, tf.concat(logits, 0), pre_nms_topk=pre, post_nms_topk=post,
                                       nms_thresh=r.PROPOSAL_NMS_THRESH, min_size=r.MIN_SIZE, image_hw=image_hw)
         return tf.stop_gradient(boxes), tf.stop_gradient(scores)
