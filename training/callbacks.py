@@ -279,6 +279,31 @@ def announce_gpu_metrics(gpu) -> None:
         _print(f"GPU metrics unavailable ({gpu.unavailable}): training without them")
 
 
+class RankGpuLogger(Callback):
+    """On a rank other than 0, every LOG_PERIOD steps: its own GPU's utilisation (one nvidia-smi sample,
+    no background thread) and TensorFlow's peak memory there, in a line SageMaker's regexes do not
+    read (they read rank 0's progress line). Says nothing where neither can be read."""
+
+    chief_only = False
+
+    def __init__(self, gpu, *, period: int, max_steps: int, rank: int):
+        self._gpu, self._period, self._max_steps, self._rank = gpu, period, max_steps, rank
+
+    def _before_train(self):
+        self._utilization = self._gpu.window()
+
+    def _trigger_step(self):
+        step = self.global_step
+        if step % self._period and step != self._max_steps:
+            return
+        utilization, peak = self._utilization.take(), self._gpu.peak_memory_bytes()
+        if utilization is None and peak is None:
+            return
+        util = "n/a" if utilization is None else f"{utilization:.1f}%"
+        memory = "n/a" if peak is None else f"{peak / 2**30:.2f} GiB"
+        _print(f"rank {self._rank} GPU at step {step}: utilisation {util}, peak memory {memory}")
+
+
 class ProgressLogger(Callback):
     """Every LOG_PERIOD steps: step, epoch, losses, images/s, time left, and where they exist the GPU's
     utilisation and peak memory (``gpu``: a started training.gpu_metrics.GpuMetrics) and the

@@ -232,9 +232,9 @@ def main(argv=None) -> int:
         compression=gradients.fp16_compression(cfg.TRAIN.GRADIENT_COMPRESSION, size=size, local_size=hvd.local_size()))
     trainer = gradients.OptimizerAllreduceTrainer()
     global_batch = cfg.TRAIN.BATCH_SIZE_PER_GPU * size
-    # rank 0 reports its GPU (the progress line, the CloudWatch records)
-    gpu = gpu_metrics.GpuMetrics(local_rank=hvd.local_rank(), memory_unavailable=gpu_memory_unavailable) \
-        if rank == 0 else None
+    # rank 0 reports its GPU on the progress line and in the CloudWatch records, the others in a line each
+    rank_gpu = gpu_metrics.GpuMetrics(local_rank=hvd.local_rank(), memory_unavailable=gpu_memory_unavailable)
+    gpu = rank_gpu if rank == 0 else None
 
     # rank 0 only (tensorpack drops chief-only callbacks on the other ranks); before the evaluation,
     # so an epoch's checkpoint exists however long its evaluation takes
@@ -249,6 +249,8 @@ def main(argv=None) -> int:
         checkpoints,
         cb.Heartbeat(logdir, steps_per_epoch=spe),
     ]
+    if rank != 0:
+        callbacks.append(cb.RankGpuLogger(rank_gpu, period=cfg.TRAIN.LOG_PERIOD, max_steps=cfg.TRAIN.MAX_STEPS, rank=rank))
     if val_split is not None:  # without it no predict tower is built either
         callbacks.append(cb.COCOEvaluator(cfg, val_split, logdir=logdir if rank == 0 else None, rank=rank, size=size))
     callbacks.append(stop)  # last: the other callbacks have done their work on the step it stops after

@@ -125,7 +125,7 @@ _AMP_RUN = textwrap.dedent("""
     use_graph_mode()
     from tensorpack import DataFromList, ModelDesc, QueueInput, SimpleTrainer, TrainConfig, launch_train_with_config
     from tensorpack.callbacks import Callback
-    from training import callbacks, cloudwatch_metrics, gradients, metrics
+    from training import callbacks, cloudwatch_metrics, gpu_metrics, gradients, metrics
 
     logdir = sys.argv[1]
     class Toy(ModelDesc):
@@ -150,9 +150,13 @@ _AMP_RUN = textwrap.dedent("""
 
     values = [[v] for v in (1.0, float("inf"), 1.0, 1.0)]
     model = Toy()
+    # a rank other than 0, with the stand-in nvidia-smi and no GPU for TensorFlow
+    other_rank = gpu_metrics.GpuMetrics(local_rank=0, memory_unavailable="TensorFlow sees no GPU",
+                                        program=sys.argv[2])
     config = TrainConfig(model=model, data=QueueInput(DataFromList(values, shuffle=False)),
                          callbacks=[callbacks.ProgressLogger(lambda: model.stats, period=2, global_batch=1,
-                                                             max_steps=4, steps_per_epoch=4), ReadScale()],
+                                                             max_steps=4, steps_per_epoch=4), ReadScale(),
+                                    callbacks.RankGpuLogger(other_rank, period=2, max_steps=4, rank=1)],
                          monitors=cloudwatch_metrics.monitors(lambda: model.stats, logdir=logdir, rank=0, ranks=1,
                                                               global_batch=1, max_steps=4, environ=os.environ),
                          steps_per_epoch=4, max_epoch=1)
@@ -160,12 +164,12 @@ _AMP_RUN = textwrap.dedent("""
 """)
 
 
-def test_loss_scale_and_skipped_steps_are_the_optimizers(tmp_path):
+def test_loss_scale_and_skipped_steps_are_the_optimizers_and_other_ranks_log_their_gpu(tmp_path):
     from cloudwatch_emf import parse_emf_line
     from training.cloudwatch_metrics import DEPLOYMENT_ENV, EMF_FILE
     env = {**os.environ, "TF_USE_LEGACY_KERAS": "1", "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": str(REPO),
            DEPLOYMENT_ENV: "team-a-EfsClusterStack"}
-    proc = subprocess.run([sys.executable, "-c", _AMP_RUN, str(tmp_path)], cwd=REPO, env=env,
+    proc = subprocess.run([sys.executable, "-c", _AMP_RUN, str(tmp_path), str(FAKE_NVIDIA_SMI)], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     final = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("VARIABLES "))[10:])
@@ -179,6 +183,10 @@ def test_loss_scale_and_skipped_steps_are_the_optimizers(tmp_path):
     records = [parse_emf_line(line) for line in (tmp_path / EMF_FILE).read_text().splitlines()]
     last_progress = [r for r in records if metrics.STEP in r and metrics.PROGRESS in r][-1]
     assert (last_progress[metrics.AMP_LOSS_SCALE], last_progress[metrics.AMP_SKIPPED_STEPS]) == (final["scale"], 1)
+    # rank 1's own GPU lines: the recorded utilisation, and nothing SageMaker's regexes would take for rank 0's
+    rank_lines = [line for line in proc.stdout.splitlines() if line.startswith("rank 1 GPU")]
+    assert rank_lines == [f"rank 1 GPU at step {s}: utilisation 100.0%, peak memory n/a" for s in (2, 4)]
+    assert not any(re.match(d["Regex"], line) for d in metrics.METRIC_DEFINITIONS for line in rank_lines)
 
 
 @pytest.fixture(scope="module")
