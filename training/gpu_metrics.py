@@ -124,8 +124,9 @@ def read_sample(index: int, *, program: str = "nvidia-smi", run=subprocess.run,
 
 
 class UtilizationSampler:
-    """Samples GPU ``index`` every ``seconds`` in a daemon thread. The first failure ends the
-    sampling and is kept in :attr:`unavailable` (a machine without nvidia-smi does not grow one)."""
+    """Samples GPU ``index`` every ``seconds`` in a daemon thread. A failure before any sample
+    succeeded ends the sampling and is kept in :attr:`unavailable` (a machine without nvidia-smi does
+    not grow one); a later one (a busy driver's timeout) only loses that sample (:attr:`failures`)."""
 
     def __init__(self, index: int, *, seconds: float = SAMPLE_SECONDS, program: str = "nvidia-smi",
                  clock: Callable[[], float] = time.monotonic):
@@ -134,7 +135,9 @@ class UtilizationSampler:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._succeeded = False
         self.unavailable: str | None = None
+        self.failures = 0
 
     def sample(self) -> Sample | None:
         if self.unavailable:
@@ -142,11 +145,14 @@ class UtilizationSampler:
         try:
             s = read_sample(self.index, program=self._program, clock=self._clock)
         except RuntimeError as err:
-            self.unavailable = str(err)
+            if not self._succeeded:
+                self.unavailable = str(err)
+            self.failures += 1
             return None
         with self._lock:
+            self._succeeded = True
             self._samples.append(s)
-            del self._samples[:-10_000]   # a day at 5 s: more than any log period needs
+            del self._samples[:-10_000]   # 14 hours at 5 s: more than any log period needs
         return s
 
     def start(self) -> "UtilizationSampler":
@@ -156,8 +162,8 @@ class UtilizationSampler:
         return self
 
     def _loop(self):
-        while not self._stop.wait(self._seconds) and self.sample() is not None:
-            pass
+        while not self._stop.wait(self._seconds):
+            self.sample()
 
     def stop(self):
         self._stop.set()

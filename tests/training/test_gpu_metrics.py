@@ -81,6 +81,20 @@ def test_no_nvidia_smi_or_no_such_gpu_says_why(tmp_path):
     assert gpu_metrics.UtilizationWindow(sampler).take() is None
 
 
+def test_a_failure_after_a_sample_loses_only_that_sample(tmp_path):
+    calls = tmp_path / "calls"
+    flaky = tmp_path / "flaky-nvidia-smi"   # the recording first, then a driver that does not answer
+    flaky.write_text(f"#!/bin/sh\necho x >> {calls}\n[ $(wc -l < {calls}) -le 1 ] && exec {FAKE_NVIDIA_SMI} \"$@\"\n"
+                     f"echo 'Unable to determine the device handle for GPU0000:00:06.0: Unknown Error' >&2\nexit 15\n")
+    flaky.chmod(0o755)
+    sampler = gpu_metrics.UtilizationSampler(0, program=str(flaky))
+    window = gpu_metrics.UtilizationWindow(sampler)
+    sampler.start()   # the recorded sample
+    assert window.take() == 100.0
+    assert window.take() is None and window.take() is None   # nothing since; the samples then fail
+    assert (sampler.unavailable, sampler.failures) == (None, 2)
+
+
 def test_sampler_means_the_recorded_utilisation():
     sampler = gpu_metrics.UtilizationSampler(0, seconds=0.05, program=str(FAKE_NVIDIA_SMI))
     window = gpu_metrics.UtilizationWindow(sampler)
@@ -212,13 +226,13 @@ def test_the_trainer_reports_the_gpu_or_says_once_it_cannot(nvidia_smi, tiny_dat
     monkeypatch.setenv("PATH", path)
     monkeypatch.setenv(cwm.DEPLOYMENT_ENV, "team-a-EfsClusterStack")
     logdir = tmp_path / "run"
-    proc = run_module("training.train", *train_args(logdir, tiny_dataset, 1, "DATA.VAL=[]"))
+    proc = run_module("training.train", *train_args(logdir, tiny_dataset, 2, "DATA.VAL=[]"))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     said = [line for line in proc.stdout.splitlines() if "GPU metrics unavailable" in line]
     progress = [line for line in proc.stdout.splitlines() if line.startswith("step ")]
     records = [parse_emf_line(line) for line in (logdir / cwm.EMF_FILE).read_text().splitlines()]
     steps = [r for r in records if metrics.PROGRESS in r]
-    assert len(progress) == 2 and steps and records[-1][metrics.RUN_FINISHED] == 1
+    assert len(progress) == 4 and steps and records[-1][metrics.RUN_FINISHED] == 1
     assert len(said) == 1 and "peak memory: TensorFlow sees no GPU" in said[0]
     if nvidia_smi == "absent":
         assert "utilisation: nvidia-smi is not on PATH" in said[0]
