@@ -19,7 +19,8 @@ Under mixed precision the training graph also holds, read after each step's upda
 and training/cloudwatch_metrics.py report them): :data:`LOSS_SCALE_TENSOR`, the dynamic loss scale, and
 :data:`SKIPPED_STEPS_TENSOR`, how many steps of this process the loss scale skipped because a gradient was
 not finite (the same all-finite test the loss scale makes, on the same gradients; a local variable: not
-checkpointed, counted from the start of the process).
+checkpointed, counted from the start of the process; a session must run
+``tf1.local_variables_initializer()``, as tensorpack's session creator does).
 """
 from __future__ import annotations
 
