@@ -269,38 +269,90 @@ class StopOnRequest(Callback):
 
 
 # ------------------------------------------------------------------------------------------ progress
+def gpu_segment(utilization: float | None, peak_bytes: int | None) -> str:
+    """The progress line's GPU part (training.metrics' regexes read it); "" when neither is known."""
+    if utilization is None and peak_bytes is None:
+        return ""
+    util = "n/a" if utilization is None else f"{utilization:.1f}"
+    peak = "n/a" if peak_bytes is None else f"{peak_bytes / 2**30:.2f}"
+    return f" | gpu {util}% {peak} GiB peak"
+
+
+def amp_segment(loss_scale: float, skipped_steps: int) -> str:
+    return f" | loss scale {loss_scale:g} skipped {skipped_steps}"
+
+
+def announce_gpu_metrics(gpu) -> None:
+    """Says once, at the start, that GPU metrics are missing and why."""
+    if gpu.unavailable:
+        _print(f"GPU metrics unavailable ({gpu.unavailable}): training without them")
+
+
+class RankGpuLogger(Callback):
+    """On a rank other than 0, every LOG_PERIOD steps: its own GPU's utilisation (one nvidia-smi sample,
+    no background thread) and TensorFlow's peak memory there, in a line SageMaker's regexes do not
+    read (they read rank 0's progress line). Says nothing where neither can be read."""
+
+    chief_only = False
+
+    def __init__(self, gpu, *, period: int, max_steps: int, rank: int):
+        self._gpu, self._period, self._max_steps, self._rank = gpu, period, max_steps, rank
+
+    def _before_train(self):
+        self._utilization = self._gpu.window()
+
+    def _trigger_step(self):
+        step = self.global_step
+        if step % self._period and step != self._max_steps:
+            return
+        utilization, peak = self._utilization.take(), self._gpu.peak_memory_bytes()
+        if utilization is None and peak is None:
+            return
+        util = "n/a" if utilization is None else f"{utilization:.1f}%"
+        memory = "n/a" if peak is None else f"{peak / 2**30:.2f} GiB"
+        _print(f"rank {self._rank} GPU at step {step}: utilisation {util}, peak memory {memory}")
+
+
 class ProgressLogger(Callback):
-    """Every LOG_PERIOD steps: step, epoch, losses, images/s and time left (rank 0).
+    """Every LOG_PERIOD steps: step, epoch, losses, images/s, time left, and where they exist the GPU's
+    utilisation and peak memory (``gpu``: a started training.gpu_metrics.GpuMetrics) and the
+    mixed-precision loss scale and skipped steps (rank 0).
 
     At each epoch end, the epoch's mean of every training metric of :mod:`training.metrics`, one
     :func:`training.metrics.format_metric` line each (what SageMaker's regexes scrape).
     """
 
-    def __init__(self, stats, *, period: int, global_batch: int, max_steps: int, steps_per_epoch: int):
+    def __init__(self, stats, *, period: int, global_batch: int, max_steps: int, steps_per_epoch: int,
+                 gpu=None):
         """``stats``: ``{metric name: tensor}``, or a function returning it once the graph is built."""
         self._stats = stats
         self._period = period
         self._global_batch = global_batch
         self._max_steps = max_steps
         self._steps_per_epoch = steps_per_epoch
+        self._gpu = gpu
 
     def _setup_graph(self):
+        from training.gradients import amp_tensors
         stats = self._stats() if callable(self._stats) else self._stats
         self._names = list(stats)
         self._fetches = [stats[n] for n in self._names]
-        self._lr = tf1.get_default_graph().get_tensor_by_name("learning_rate:0")
+        graph = tf1.get_default_graph()
+        self._lr = graph.get_tensor_by_name("learning_rate:0")
+        self._amp = amp_tensors(graph)
 
     def _before_train(self):
         self._start_time = time.time()
         self._start_step = self.global_step
         self._sums = {n: 0.0 for n in self._names}
         self._count = 0
+        self._utilization = self._gpu.window() if self._gpu is not None else None
 
     def _before_run(self, _):
-        return tf1.train.SessionRunArgs(fetches=self._fetches + [self._lr])
+        return tf1.train.SessionRunArgs(fetches=[self._fetches, self._lr, self._amp])
 
     def _after_run(self, _, run_values):
-        values = run_values.results
+        values, lr, amp = run_values.results
         for n, v in zip(self._names, values):
             self._sums[n] += float(v)
         self._count += 1
@@ -313,9 +365,12 @@ class ProgressLogger(Callback):
         eta = (self._max_steps - step) * elapsed / max(done, 1)
         current = dict(zip(self._names, values))
         losses = " ".join(f"{n}={current[n]:.4f}" for n in self._names if n.endswith("loss") or n == "total_cost")
+        gpu = (gpu_segment(self._utilization.take(), self._gpu.peak_memory_bytes())
+               if self._gpu is not None else "")
+        scaling = amp_segment(float(amp["loss_scale"]), int(amp["skipped_steps"])) if amp else ""
         _print(f"step {step}/{self._max_steps} epoch {step // self._steps_per_epoch + (1 if step % self._steps_per_epoch else 0)}"
-               f" | {losses} | lr={values[-1]:.5f} | {rate:.2f} images/s | elapsed {_duration(elapsed)}"
-               f" | ETA {_duration(eta)}")
+               f" | {losses} | lr={lr:.5f} | {rate:.2f} images/s | elapsed {_duration(elapsed)}"
+               f" | ETA {_duration(eta)}{gpu}{scaling}")
 
     def _trigger_epoch(self):
         if not self._count:

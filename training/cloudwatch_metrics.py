@@ -32,7 +32,9 @@ Records, with the names of training/metrics.py:
 - at the start: step, run_active=1, heartbeat=1;
 - about every ``interval_s`` seconds while steps advance: step, epoch, progress, images/s,
   images/s/gpu, learning_rate, the mean of every loss over the steps since the previous record,
-  loss_not_finite (steps whose total_cost was NaN or infinite), heartbeat=1, run_active=1;
+  loss_not_finite (steps whose total_cost was NaN or infinite), heartbeat=1, run_active=1; where
+  rank 0 has a GPU, gpu_utilization (the mean of nvidia-smi's samples since the previous record) and
+  gpu_peak_memory_gib; under mixed precision amp_loss_scale and amp_skipped_steps (since the start);
 - after an evaluation: the COCO mAP figures, with the epoch and step;
 - at the end: run_finished, run_failed or run_stopped = 1, and run_active=0.
 
@@ -172,10 +174,11 @@ def _monitor_class():
         COCO figures COCOEvaluator puts (``trainer.monitors.put_scalar``)."""
 
         def __init__(self, stats, *, sink: EmfFile, max_steps: int, global_batch: int, ranks: int,
-                     interval_s: float = RECORD_INTERVAL_S, clock: Callable[[], float] = time.monotonic):
+                     interval_s: float = RECORD_INTERVAL_S, clock: Callable[[], float] = time.monotonic,
+                     gpu=None):
             """``stats``: ``{name: tensor}`` of the model's losses, or a function returning it once
-            the graph is built."""
-            self._stats, self._sink = stats, sink
+            the graph is built. ``gpu``: a training.gpu_metrics.GpuMetrics, started by then."""
+            self._stats, self._sink, self._gpu = stats, sink, gpu
             self._max_steps, self._global_batch, self._ranks = max_steps, global_batch, max(ranks, 1)
             self._interval_s, self._clock = interval_s, clock
             self._evaluation: dict[str, float] = {}
@@ -186,7 +189,10 @@ def _monitor_class():
             if names.TOTAL_COST not in self._names:
                 raise ValueError(f"the model's stats have no {names.TOTAL_COST!r}: {sorted(stats)}")
             self._fetches = [stats[n] for n in self._names]
-            self._lr = tf1.get_default_graph().get_tensor_by_name(names.LEARNING_RATE + ":0")
+            graph = tf1.get_default_graph()
+            self._lr = graph.get_tensor_by_name(names.LEARNING_RATE + ":0")
+            from training.gradients import amp_tensors
+            self._amp_fetches = amp_tensors(graph)
 
         def _reset(self):
             self._since, self._since_step = self._clock(), self.global_step
@@ -196,13 +202,16 @@ def _monitor_class():
         def _before_train(self):
             self._reset()
             self._learning_rate = float("nan")
+            self._amp = {}
+            self._utilization = self._gpu.window() if self._gpu is not None else None
             self._sink.write({names.STEP: self.global_step, names.RUN_ACTIVE: 1, names.HEARTBEAT: 1})
 
         def _before_run(self, _):
-            return tf1.train.SessionRunArgs(fetches=self._fetches + [self._lr])
+            return tf1.train.SessionRunArgs(fetches=[self._fetches, self._lr, self._amp_fetches])
 
         def _after_run(self, _, run_values):
-            *losses, self._learning_rate = (float(v) for v in run_values.results)
+            losses, learning_rate, self._amp = run_values.results
+            losses, self._learning_rate = [float(v) for v in losses], float(learning_rate)
             if _all_finite(losses):
                 for n, v in zip(self._names, losses):
                     self._sums[n] += v
@@ -227,6 +236,15 @@ def _monitor_class():
                       names.HEARTBEAT: 1, names.RUN_ACTIVE: 1}
             if self._finite_steps:
                 values.update({n: s / self._finite_steps for n, s in self._sums.items()})
+            if self._gpu is not None:
+                utilization, peak = self._utilization.take(), self._gpu.peak_memory_bytes()
+                if utilization is not None:
+                    values[names.GPU_UTILIZATION_MEAN] = utilization
+                if peak is not None:
+                    values[names.GPU_PEAK_MEMORY_GIB] = peak / 2**30
+            if self._amp:
+                values[names.AMP_LOSS_SCALE] = float(self._amp["loss_scale"])
+                values[names.AMP_SKIPPED_STEPS] = int(self._amp["skipped_steps"])
             self._sink.write(values)
             self._reset()
 
@@ -255,7 +273,7 @@ def _monitor_class():
 
 
 def monitors(stats, *, logdir: str, rank: int, ranks: int, global_batch: int, max_steps: int,
-             environ: Mapping[str, str] = os.environ) -> list:
+             environ: Mapping[str, str] = os.environ, gpu=None) -> list:
     """The extra tensorpack monitors of rank 0 (none on other ranks): the EMF records when the run
     knows its deployment, and a TensorBoard writer into $MASKRCNN_TENSORBOARD_DIR when set."""
     if rank != 0:
@@ -264,7 +282,8 @@ def monitors(stats, *, logdir: str, rank: int, ranks: int, global_batch: int, ma
     deployment, path = deployment_and_path(environ)
     if deployment:
         sink = EmfFile(logdir, deployment=deployment, run=os.path.basename(os.path.normpath(logdir)), path=path)
-        out.append(_monitor_class()(stats, sink=sink, max_steps=max_steps, global_batch=global_batch, ranks=ranks))
+        out.append(_monitor_class()(stats, sink=sink, max_steps=max_steps, global_batch=global_batch, ranks=ranks,
+                                       gpu=gpu))
     tensorboard_dir = environ.get(TENSORBOARD_DIR_ENV)
     if tensorboard_dir:
         from tensorpack.callbacks.monitor import TFEventWriter

@@ -14,12 +14,23 @@ unscaling, and the trainer itself does not allreduce (:class:`OptimizerAllreduce
 
 Without mixed precision the chain is ``Clip( Allreduce( Momentum ) )``: the same allreduce of the
 same gradients as tensorpack's trainer would make.
+
+Under mixed precision the training graph also holds, read after each step's update (training/callbacks.py
+and training/cloudwatch_metrics.py report them): :data:`LOSS_SCALE_TENSOR`, the dynamic loss scale, and
+:data:`SKIPPED_STEPS_TENSOR`, how many steps of this process the loss scale skipped because a gradient was
+not finite (the same all-finite test the loss scale makes, on the same gradients; a local variable: not
+checkpointed, counted from the start of the process; a session must run
+``tf1.local_variables_initializer()``, as tensorpack's session creator does).
 """
 from __future__ import annotations
 
 from typing import Callable
 
+from tensorpack.tfutils.optimizer import ProxyOptimizer
 from tensorpack.train import HorovodTrainer
+
+LOSS_SCALE_TENSOR = "amp/loss_scale:0"
+SKIPPED_STEPS_TENSOR = "amp/skipped_steps:0"
 
 
 def fp16_compression(setting: str, *, size: int, local_size: int, loss_scaled: bool) -> bool:
@@ -56,8 +67,46 @@ def build_optimizer(base, *, clip: float = 0.0, allreduce: Callable | None = Non
         opt = tp_optimizer.apply_grad_processors(opt, [GlobalNormClip(clip)])
     if mixed_precision:
         # float16 compute through grappler's AMP rewrite (GPU) and dynamic loss scaling around the chain
-        opt = tf1.mixed_precision.enable_mixed_precision_graph_rewrite(opt)
+        opt = _CountSkippedSteps(tf1.mixed_precision.enable_mixed_precision_graph_rewrite(opt))
     return opt
+
+
+class _CountSkippedSteps(ProxyOptimizer):
+    """The loss-scale optimizer, plus the two tensors of the module docstring."""
+
+    def __init__(self, opt):
+        super().__init__(opt, name="CountSkippedSteps")
+        # TensorFlow's v1 loss-scale optimizer keeps its LossScale here; calling it reads the scale.
+        self._loss_scale = getattr(opt, "_loss_scale", None)
+        if not callable(self._loss_scale):
+            raise TypeError(f"{type(opt).__name__} has no _loss_scale to read the loss scale from: "
+                            f"this TensorFlow's loss-scale optimizer differs from 2.18's")
+
+    def apply_gradients(self, grads_and_vars, global_step=None, name=None):
+        from training.compat import tf, tf1
+        grads = [g for g, _ in grads_and_vars if g is not None]
+        update = self._opt.apply_gradients(grads_and_vars, global_step=global_step)
+        with tf.name_scope("amp/"):
+            finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in grads])
+            counter = tf1.Variable(0, dtype=tf.int64, trainable=False, name="skipped_steps_counter",
+                                   collections=[tf1.GraphKeys.LOCAL_VARIABLES])
+            with tf.control_dependencies([update]):
+                skipped = tf1.assign_add(counter, 1 - tf.cast(finite, tf.int64))
+            with tf.control_dependencies([skipped]):
+                tf.identity(skipped, name="skipped_steps")
+                tf.identity(self._loss_scale(), name="loss_scale")
+        # the count is part of the step, whether or not anything reads it
+        return tf.group(update, skipped, name=name)
+
+
+def amp_tensors(graph) -> dict[str, object]:
+    """``{"loss_scale": tensor, "skipped_steps": tensor}`` when ``graph`` trains with mixed precision,
+    else {}."""
+    try:
+        return {"loss_scale": graph.get_tensor_by_name(LOSS_SCALE_TENSOR),
+                "skipped_steps": graph.get_tensor_by_name(SKIPPED_STEPS_TENSOR)}
+    except KeyError:
+        return {}
 
 
 class OptimizerAllreduceTrainer(HorovodTrainer):

@@ -5,9 +5,10 @@ One source of truth: the trainer prints every metric with :func:`format_metric`,
 launcher passes :data:`METRIC_DEFINITIONS` to the training job unchanged. The first 22 names and
 their regexes are the ``metric_definitions`` of AWS's SageMaker example notebook "Distributed Training
 of Mask-RCNN in Amazon SageMaker using EFS" (``.*<escaped name>:\\s*(\\S+).*``);
-``tests/training/test_metrics.py`` checks them against that example's literal strings. Two more,
-:data:`IMAGES_PER_SECOND` and :data:`LEARNING_RATE`, are read from the progress line the trainer
-prints every TRAIN.LOG_PERIOD steps (:data:`PROGRESS_METRIC_DEFINITIONS`).
+``tests/training/test_metrics.py`` checks them against that example's literal strings. The others
+(throughput, learning rate, rank 0's GPU utilisation and peak memory, the mixed-precision loss scale
+and skipped steps) are read from the progress line the trainer prints every TRAIN.LOG_PERIOD steps
+(:data:`PROGRESS_METRIC_DEFINITIONS`).
 
 On the EC2 cluster rank 0 also writes the metrics in CloudWatch's embedded metric format
 (training/cloudwatch_metrics.py) under :data:`NAMESPACE`; the CloudWatch agent of the master node
@@ -71,9 +72,21 @@ def metric_regex(name: str) -> str:
 # these two match no "name: value" line.
 IMAGES_PER_SECOND = "images/s"            # the whole job's training images per second
 LEARNING_RATE = "learning_rate"           # also the graph's tensor name ("learning_rate:0")
+# Rank 0's GPU (training/gpu_metrics.py), on the progress line where it has one, e.g.
+#   ... | ETA 0m21s | gpu 87.5% 12.34 GiB peak | loss scale 32768 skipped 2
+GPU_UTILIZATION_MEAN = "gpu_utilization"  # percent: mean of nvidia-smi's utilization.gpu since the last line
+GPU_PEAK_MEMORY_GIB = "gpu_peak_memory_gib"  # GiB: TensorFlow's peak allocation on the GPU since it started
+# Under TRAIN.MIXED_PRECISION (training/gradients.py): the dynamic loss scale after the step, and the
+# steps its process skipped (a gradient not finite) since the process started.
+AMP_LOSS_SCALE = "amp_loss_scale"
+AMP_SKIPPED_STEPS = "amp_skipped_steps"
 PROGRESS_METRIC_DEFINITIONS = [
     {"Name": IMAGES_PER_SECOND, "Regex": r".*\| (\S+) images/s \|.*"},
     {"Name": LEARNING_RATE, "Regex": r".*\| lr=(\S+) \|.*"},
+    {"Name": GPU_UTILIZATION_MEAN, "Regex": r".*\| gpu (\S+)% .*"},
+    {"Name": GPU_PEAK_MEMORY_GIB, "Regex": r".*\| gpu .* (\S+) GiB peak.*"},
+    {"Name": AMP_LOSS_SCALE, "Regex": r".*\| loss scale (\S+) skipped .*"},
+    {"Name": AMP_SKIPPED_STEPS, "Regex": r".*\| loss scale \S+ skipped (\S+)$"},
 ]
 
 # What SageMaker receives (training jobs' MetricDefinitions): [{"Name": ..., "Regex": ...}, ...].
@@ -107,6 +120,8 @@ EPOCH = "epoch"
 PROGRESS = "progress"                     # percent of TRAIN.MAX_STEPS done
 IMAGES_PER_SECOND_PER_GPU = "images/s/gpu"  # images/s over the number of ranks (one per GPU)
 LOSS_NOT_FINITE = "loss_not_finite"       # steps since the last record whose total_cost was NaN or inf
+# The records also carry GPU_UTILIZATION_MEAN (over the period since the last record) and
+# GPU_PEAK_MEMORY_GIB of rank 0's GPU, and under mixed precision AMP_LOSS_SCALE and AMP_SKIPPED_STEPS.
 HEARTBEAT = "heartbeat"                   # 1 in every record written while steps advance
 RUN_ACTIVE = "run_active"                 # 1 from the start of a run, 0 in its last record
 RUN_FINISHED = "run_finished"             # 1: the run reached TRAIN.MAX_STEPS
@@ -116,7 +131,8 @@ RUN_STOPPED = "run_stopped"               # 1: training stopped before the end o
 # CloudWatch units (MetricDatum.Unit) of the records' metrics; every other metric has none.
 UNITS = {STEP: "Count", EPOCH: "Count", PROGRESS: "Percent", IMAGES_PER_SECOND: "Count/Second",
          IMAGES_PER_SECOND_PER_GPU: "Count/Second", LOSS_NOT_FINITE: "Count", HEARTBEAT: "Count",
-         RUN_FINISHED: "Count", RUN_FAILED: "Count", RUN_STOPPED: "Count"}
+         RUN_FINISHED: "Count", RUN_FAILED: "Count", RUN_STOPPED: "Count", GPU_UTILIZATION_MEAN: "Percent",
+         AMP_SKIPPED_STEPS: "Count"}
 
 # Node metrics of the cluster's CloudWatch agent (infra/userdata/cluster_node.sh, ship_logs): one
 # namespace per deployment, NODE_NAMESPACE_PREFIX + the training stack's name, every series with the

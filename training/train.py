@@ -131,7 +131,7 @@ def main(argv=None) -> int:
     from tensorpack.callbacks.monitor import JSONWriter, TFEventWriter
     from tensorpack.tfutils.sessinit import ChainInit, SmartInit
 
-    from training import callbacks as cb, cloudwatch_metrics, collectives, gradients
+    from training import callbacks as cb, cloudwatch_metrics, collectives, gpu_metrics, gradients
     from training.config import ConfigError, finalize, gpu_environment
     from training.data.coco import DatasetError
     from training.data.pipeline import TrainingBatches
@@ -142,6 +142,8 @@ def main(argv=None) -> int:
     hvd.init()
     stopping.install_handler()  # again: MPI's initialisation may have set its own SIGTERM handler
     rank, size = hvd.rank(), hvd.size()
+    # before anything creates TensorFlow's eager context: its GPU:0 is then this rank's GPU
+    gpu_memory_unavailable = gpu_metrics.pin_eager_gpu(hvd.local_rank())
     logging.basicConfig(level=logging.INFO, format=f"[rank {rank}] %(levelname)s %(name)s: %(message)s")
     # Before the trainer's session, collectives run in sessions that create no GPU device
     # (training/collectives.py): the trainer's session alone maps GPU:0 to this rank's GPU.
@@ -248,6 +250,9 @@ def main(argv=None) -> int:
         cfg.TRAIN.GRADIENT_COMPRESSION, size=size, local_size=hvd.local_size(), loss_scaled=loss_scaled))
     trainer = gradients.OptimizerAllreduceTrainer()
     global_batch = cfg.TRAIN.BATCH_SIZE_PER_GPU * size
+    # rank 0 reports its GPU on the progress line and in the CloudWatch records, the others in a line each
+    rank_gpu = gpu_metrics.GpuMetrics(local_rank=hvd.local_rank(), memory_unavailable=gpu_memory_unavailable)
+    gpu = rank_gpu if rank == 0 else None
 
     # rank 0 only (tensorpack drops chief-only callbacks on the other ranks); before the evaluation,
     # so an epoch's checkpoint exists however long its evaluation takes
@@ -258,11 +263,13 @@ def main(argv=None) -> int:
         cb.EpochSteps(start_step=step, steps_per_epoch=spe, max_steps=cfg.TRAIN.MAX_STEPS),
         # the model's statistics exist once the graph is built: hand over a getter
         cb.ProgressLogger(lambda: model.stats, period=cfg.TRAIN.LOG_PERIOD, global_batch=global_batch,
-                          max_steps=cfg.TRAIN.MAX_STEPS, steps_per_epoch=spe),
+                          max_steps=cfg.TRAIN.MAX_STEPS, steps_per_epoch=spe, gpu=gpu),
         checkpoints,
         cb.Heartbeat(logdir, steps_per_epoch=spe),
         PlannedTime(global_batch=global_batch, max_steps=cfg.TRAIN.MAX_STEPS),
     ]
+    if rank != 0:
+        callbacks.append(cb.RankGpuLogger(rank_gpu, period=cfg.TRAIN.LOG_PERIOD, max_steps=cfg.TRAIN.MAX_STEPS, rank=rank))
     if val_split is not None:  # without it no predict tower is built either
         callbacks.append(cb.COCOEvaluator(cfg, val_split, logdir=logdir if rank == 0 else None, rank=rank, size=size))
     callbacks.append(stop)  # last: the other callbacks have done their work on the step it stops after
@@ -271,10 +278,18 @@ def main(argv=None) -> int:
         extra_callbacks=[MovingAverageSummary(), MergeAllSummaries(period=max(cfg.TRAIN.LOG_PERIOD, 50)),
                          RunUpdateOps()],
         monitors=[TFEventWriter(), JSONWriter(), *cloudwatch_metrics.monitors(  # CloudWatch EMF, SageMaker TensorBoard
-            lambda: model.stats, logdir=logdir, rank=rank, ranks=size, global_batch=global_batch, max_steps=cfg.TRAIN.MAX_STEPS)],
+            lambda: model.stats, logdir=logdir, rank=rank, ranks=size, global_batch=global_batch, max_steps=cfg.TRAIN.MAX_STEPS,
+            gpu=gpu)],
         steps_per_epoch=spe, starting_epoch=starting_epoch, max_epoch=cfg.TRAIN.MAX_EPOCH,
         session_init=session_init, session_creator=session_config(cfg, hvd.local_size()))
-    launch_train_with_config(config, trainer)
+    if gpu is not None:
+        gpu.start()
+        cb.announce_gpu_metrics(gpu)
+    try:
+        launch_train_with_config(config, trainer)
+    finally:
+        if gpu is not None:
+            gpu.stop()
     if stop.stopped is None:
         return 0
     # Every rank waits here for rank 0's record, written after its checkpoint: no launcher sees a

@@ -25,7 +25,7 @@ with tf1.Graph().as_default() as graph:
     after_grad = hvd.allreduce(unscaled, op=hvd.Average, compression=hvd.Compression.fp16)
 
     with tf1.Session(graph=graph) as sess:
-        sess.run(tf1.global_variables_initializer())
+        sess.run([tf1.global_variables_initializer(), tf1.local_variables_initializer()])
         g_inside, _, g_after = sess.run([inside_grad, step, after_grad])
         print(json.dumps({"rank": hvd.rank(), "size": hvd.size(),
                           "inside": float(g_inside), "inside_var": float(sess.run(inside_var)),
