@@ -12,3 +12,13 @@ def tf_session():
     graph = tf.Graph()
     with graph.as_default(), tf1.Session(graph=graph) as sess:
         yield tf, sess
+
+
+@pytest.fixture(scope="module")
+def tiny_dataset(tmp_path_factory):
+    """A small synthetic shapes dataset (12 training and 4 validation images of 96 px) for the
+    trainer's end-to-end runs."""
+    from training.data.synthetic import SyntheticSpec, generate
+    out = tmp_path_factory.mktemp("tiny_shapes")
+    generate(out, SyntheticSpec(train=12, val=4, size=96, max_object_size=48, seed=3))
+    return out

@@ -134,14 +134,6 @@ def test_run_status():
     assert cwm.run_status(failed=False, step=9, max_steps=10) == metrics.RUN_STOPPED
 
 
-@pytest.fixture(scope="module")
-def tiny_dataset(tmp_path_factory):
-    from training.data.synthetic import SyntheticSpec, generate
-    out = tmp_path_factory.mktemp("tiny_shapes")
-    generate(out, SyntheticSpec(train=12, val=4, size=96, max_object_size=48, seed=3))
-    return out
-
-
 @pytest.mark.slow
 def test_a_training_run_writes_its_records_and_sagemakers_progress_lines(tiny_dataset, tmp_path, monkeypatch):
     from test_train_run import run_module, train_args

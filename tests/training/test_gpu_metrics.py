@@ -203,14 +203,6 @@ def test_loss_scale_and_skipped_steps_are_the_optimizers_and_other_ranks_log_the
     assert not any(re.match(d["Regex"], line) for d in metrics.METRIC_DEFINITIONS for line in rank_lines)
 
 
-@pytest.fixture(scope="module")
-def tiny_dataset(tmp_path_factory):
-    from training.data.synthetic import SyntheticSpec, generate
-    out = tmp_path_factory.mktemp("tiny_shapes")
-    generate(out, SyntheticSpec(train=12, val=4, size=96, max_object_size=48, seed=3))
-    return out
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("nvidia_smi", ["absent", "recorded H200"])
 def test_the_trainer_reports_the_gpu_or_says_once_it_cannot(nvidia_smi, tiny_dataset, tmp_path, monkeypatch):

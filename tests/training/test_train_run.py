@@ -57,14 +57,6 @@ def run_mains(module, argvs):
     return json.loads(proc.stdout.splitlines()[-1])
 
 
-@pytest.fixture(scope="module")
-def tiny_dataset(tmp_path_factory):
-    from training.data.synthetic import SyntheticSpec, generate
-    out = tmp_path_factory.mktemp("tiny_shapes")
-    generate(out, SyntheticSpec(train=12, val=4, size=96, max_object_size=48, seed=3))
-    return out
-
-
 def train_args(logdir, data, epochs, *extra):
     return ["--logdir", str(logdir), "--preset", "cpu_synthetic", "--config", f"DATA.BASEDIR={str(data)!r}",
             f"TRAIN.LR_EPOCH_SCHEDULE=[(1, 0.5), ({epochs}, None)]", *TINY, *extra]
