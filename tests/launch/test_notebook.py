@@ -33,8 +33,9 @@ def test_notebook_runs_end_to_end_against_moto(sagemaker_env, coco_site, tmp_pat
             namespace.update(STAGE_DIR=tmp_path / "stage", EFS_DIR=tmp_path / "efs",
                              ARTIFACTS=coco_site.artifacts, INSTANCE_COUNT=2)
     out = capsys.readouterr().out
-    # AWS's EFS example's 22 (every loss and mAP) plus images/s and the learning rate.
-    assert "24 metric definitions" in out
+    # AWS's EFS example's 22 (every loss and mAP) plus images/s and the learning rate, and the GPU's
+    # utilisation and peak memory, the mixed-precision loss scale and skipped steps.
+    assert "28 metric definitions" in out
     job_name = namespace["job_name"]
     jobs = session.client("sagemaker").list_training_jobs()["TrainingJobSummaries"]
     assert [j["TrainingJobName"] for j in jobs] == [job_name]
