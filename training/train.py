@@ -179,8 +179,9 @@ def main(argv=None) -> int:
             print(f"stopped by {stopping.signal_name()} before training started: nothing trained in this run, "
                   f"nothing to save (exit status {stopping.STOPPED_EXIT_STATUS})", flush=True)
         return stopping.STOPPED_EXIT_STATUS
+    has_gpu = bool(tf.config.list_physical_devices("GPU"))  # lists devices only: creates none, maps nothing
     if cfg.TRAIN.MIXED_PRECISION or cfg.TRAIN.XLA:
-        if not tf.config.list_physical_devices("GPU"):
+        if not has_gpu:
             print("note: TRAIN.MIXED_PRECISION / TRAIN.XLA apply on GPU only; ignored on this CPU run", flush=True)
     for key, value in gpu_environment(cfg).items():  # read when the first GPU kernels are made
         os.environ.setdefault(key, value)
@@ -238,10 +239,10 @@ def main(argv=None) -> int:
     # A few batches queued, not tensorpack's default 50: host memory per rank (docs/training.md)
     queue = tf1.FIFOQueue(cfg.DATA.QUEUE_BATCHES, [s.dtype for s in model.inputs()], name="input_queue")
     data = QueueInput(TrainingBatches(roidb, cfg, seed=cfg.TRAIN.SEED, rank=rank, start_step=step), queue=queue)
-    if tf.config.list_physical_devices("GPU"):  # lists devices only: creates none, maps nothing
+    if has_gpu:
         data = StagingInput(data)  # the next batch's host-to-device copy overlaps this step
     # the model's optimizer allreduces inside loss scaling (training/gradients.py), not the trainer
-    loss_scaled = cfg.TRAIN.MIXED_PRECISION and bool(tf.config.list_physical_devices("GPU"))  # as the model's optimizer
+    loss_scaled = cfg.TRAIN.MIXED_PRECISION and has_gpu  # as the model's optimizer
     if rank == 0 and cfg.TRAIN.GRADIENT_COMPRESSION == "fp16" and not loss_scaled:
         print("note: TRAIN.GRADIENT_COMPRESSION='fp16' without loss scaling (mixed precision on GPU): the "
               "allreduce rounds the fp32 gradients to fp16, flushing those below ~6e-8 to zero; 'auto' "
