@@ -44,21 +44,55 @@ WHOLE_MACHINE_FILES = frozenset({
 })
 
 
+def pytest_addoption(parser):
+    parser.addoption("--record-durations", action="store_true",
+                     help="merge this run's per-file durations into tests/durations.json (the scheduler's record)")
+
+
+def pytest_configure(config):
+    import durations
+    config.pluginmanager.register(durations.Recorder(config), "maskrcnn-durations")
+
+
+def _scope(nodeid: str) -> str:
+    path = nodeid.split("::", 1)[0]
+    return "whole-machine" if path in WHOLE_MACHINE_FILES else path
+
+
 def pytest_xdist_make_scheduler(config, log):
     """Each test file whole on one xdist worker (module fixtures are built once), as ``--dist loadfile``
-    does, and the :data:`WHOLE_MACHINE_FILES` together as one unit, so never two of them at once."""
+    does, and the :data:`WHOLE_MACHINE_FILES` together as one unit, so never two of them at once. Units
+    start longest first by the recorded durations (tests/durations.py), so the long whole-machine unit
+    does not start late and leave one worker idle at the end."""
     from xdist.scheduler import LoadScopeScheduling
+
+    import durations
 
     gone = sorted(p for p in WHOLE_MACHINE_FILES if not (REPO_ROOT / p).is_file())
     if gone:
         raise pytest.UsageError(f"tests/conftest.py WHOLE_MACHINE_FILES names files that do not exist: {gone}")
+    recorded = durations.load()
 
-    class FileOrWholeMachine(LoadScopeScheduling):
+    class LongestFirst(LoadScopeScheduling):
+        _ordered = False
+
         def _split_scope(self, nodeid: str) -> str:
-            path = nodeid.split("::", 1)[0]
-            return "whole-machine" if path in WHOLE_MACHINE_FILES else path
+            return _scope(nodeid)
 
-    return FileOrWholeMachine(config, log)
+        def _assign_work_unit(self, node):
+            if recorded and not self._ordered:  # the queue is complete at the first assignment
+                files = {nodeid.split("::", 1)[0] for unit in self.workqueue.values() for nodeid in unit}
+                seconds = {}
+                for test_file in files:
+                    scope = _scope(test_file)
+                    seconds[scope] = seconds.get(scope, 0.0) + durations.expected_seconds(recorded, test_file)
+                ordered = sorted(self.workqueue.items(), key=lambda unit: -seconds[unit[0]])
+                self.workqueue.clear()
+                self.workqueue.update(ordered)
+                self._ordered = True
+            super()._assign_work_unit(node)
+
+    return LongestFirst(config, log)
 
 
 @pytest.fixture(scope="session")
