@@ -1,13 +1,14 @@
 """Node health checks (launch/cluster/node_health.py) run for real: the program as a subprocess, with
 the stand-ins of tests/recorded_machines first on PATH (nvidia-smi, fi_info, dcgmi, dmesg and
-all_reduce_perf replay outputs of p4d.24xlarge nodes), a compiled stand-in of the NCCL plugin on the
+all_reduce_perf replay p4d.24xlarge outputs reconstructed from published ones, and the unedited
+outputs of a real machine with one H200), a compiled stand-in of the NCCL plugin on the
 loader path, real mounts (a hung FUSE mount, a full tmpfs), the real scontrol with no controller to
 reach, and moto for the auto-scaling group and the alerts topic (read back through an SQS
 subscription).
 
-Expected values are AWS's documented numbers, not the code's: p4d.24xlarge has 8 NVIDIA A100 GPUs
-and 4 network cards with EFA (AWS's accelerated computing instance specifications; "Maximize network
-bandwidth": one EFA interface per card).
+Expected values are AWS's documented numbers and what the captured outputs say, not the code's:
+p4d.24xlarge has 8 NVIDIA A100 GPUs and 4 network cards with EFA (AWS's accelerated computing
+instance specifications; "Maximize network bandwidth": one EFA interface per card).
 """
 import ctypes
 import http.server
@@ -39,6 +40,11 @@ P4D_EFA_DEVICES = 4
 # The published 2-node p4d.24xlarge run of all_reduce_perf -b 8 -e 1G -f 2 -g 1 (aws-samples/aws-efa-eks).
 P4D_PUBLISHED_AVG_BUSBW = 7.80081
 NODE_NAME = "worker-1"
+# The real machine: one H200, no EFA (tests/recorded_machines/h200-1gpu/README.md).
+H200 = RECORDED / "h200-1gpu"
+# An AWS type with H200 GPUs: p5en.48xlarge, 8 H200 and 16 EFA cards (AWS's accelerated computing specs).
+H200_TYPE = "p5en.48xlarge"
+H200_TYPE_GPUS = 8
 
 
 # --- fixtures -------------------------------------------------------------------------------------
@@ -328,6 +334,24 @@ def test_sockets_bus_bandwidth_on_a_cluster_deployed_without_efa(node):
     assert node.alerts() == []
 
 
+@pytest.mark.parametrize("efa_interfaces", [None, "0"], ids=["efa", "sockets"])
+def test_a_single_rank_all_reduce_is_not_blamed_on_the_fabric(node, efa_interfaces):
+    """The real single-GPU run (h200-1gpu): nccl-tests prints `# Avg bus bandwidth    : 0 ` for one
+    rank, whose bus bandwidth is 0 by definition (busbw = algbw x 2(n-1)/n), and NCCL, with no
+    network plugin there, names the Socket transport although nothing crossed a network. Neither
+    says anything about a fabric: the output is refused as input, with no drain, replacement or alert."""
+    out = _all_reduce_output(node, "h200-1gpu")
+    assert out.read_bytes() == (H200 / "all_reduce_perf.txt").read_bytes()
+    proc = node.run("h200-1gpu", "all-reduce", "--output", str(out), "--instance-type", H200_TYPE,
+                    "--health-check", cluster_env={node_health.EFA_INTERFACES_KEY: efa_interfaces})
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "1 rank" in proc.stderr and "0 by definition" in proc.stderr, proc.stderr
+    assert "below the floor" not in proc.stderr + proc.stdout
+    assert "TCP sockets" not in proc.stderr + proc.stdout
+    assert node.health() == "Healthy"
+    assert node.alerts() == []
+
+
 def test_health_check_mode_keeps_a_node_whose_slurm_state_is_unknown(node):
     require(None if shutil.which("scontrol") else "scontrol not installed (Debian package slurm-client)")
     proc = node.run("p4d-xid79", "--health-check")
@@ -489,6 +513,22 @@ def test_parse_all_reduce_perf():
         all_reduce.parse_all_reduce_perf(healthy.split("# Out of bounds")[0])
 
 
+def test_a_single_rank_output_is_judged_as_one_rank():
+    text = (H200 / "all_reduce_perf.txt").read_text()
+    # What the capture says: one rank under "# Using devices", "# Avg bus bandwidth    : 0 ", no wrong
+    # values, "Using network Socket".
+    assert all_reduce.parse_ranks(text) == 1
+    assert all_reduce.parse_all_reduce_perf(text) == 0.0
+    assert all_reduce.parse_out_of_bounds(text) == 0
+    assert all_reduce.parse_networks(text) == {"Socket"}
+    assert all_reduce.parse_ranks((RECORDED / "p4d-healthy" / "all_reduce_perf.txt").read_text()) == 16
+    for floor, efa in ((all_reduce.BUSBW_FLOORS[H200_TYPE].gbps, True), (None, False)):
+        verdict = all_reduce.judge_all_reduce(text, floor_gbps=floor, efa=efa)
+        assert (verdict.ok, verdict.fabric_judged) == (False, False)
+        [problem] = verdict.problems
+        assert problem.startswith("1 rank: ") and "0 by definition" in problem
+
+
 def test_wrong_values_fail_the_all_reduce_whatever_the_bandwidth():
     text = "# Out of bounds values : 3 FAILED\n# Avg bus bandwidth    : 40.5 \n"
     verdict = all_reduce.judge_all_reduce(text, floor_gbps=5.8, efa=True)
@@ -573,6 +613,49 @@ def test_unreadable_kernel_log_skips_the_xid_check_and_says_why(monkeypatch, tmp
     assert outcome.skipped and outcome.ok
     assert "dmesg: read kernel buffer failed: Operation not permitted" in outcome.detail
     assert "--cap-add SYSLOG" in outcome.detail
+
+
+def test_the_h200_capture_passes_the_checks_of_a_one_gpu_node(monkeypatch, tmp_path):
+    """The real H200 machine's outputs, replayed for the commands the checks run: `nvidia-smi -L`
+    lists one GPU; its uncorrectable ECC count is 0 and retired pages `[N/A]` (Hopper remaps rows
+    instead), remapping pending and failure `No, No`; the kernel log's NVRM lines hold no Xid. The
+    machine has no EFA, and neither dcgmi nor fi_info was captured there: those checks do not run."""
+    _only_standins(monkeypatch, tmp_path, ["nvidia-smi", "dmesg"], scenario="h200-1gpu")
+    cfg = node_health.NodeConfig(node_name="vm", instance_id=None, instance_type="one H200, no EFA",
+                                 expected_gpus=1, expected_efa=0, efs_mount=str(tmp_path), min_free_gib=0)
+    results = {r.name: r for r in node_health.run_checks(cfg, budget_s=120)}
+    assert {name: r.status for name, r in results.items()} == {
+        "gpu-count": "ok", "gpu-health": "ok", "xid": "ok", "dcgm": "skip", "efa": "skip",
+        "nccl-plugin": "skip", "shared-fs": "ok", "disk": "ok"}, {n: r.detail for n, r in results.items()}
+    assert results["gpu-count"].detail == "1 of 1 GPUs visible"
+    assert results["xid"].detail == "no fatal Xid since boot"
+    assert results["dcgm"].detail == "dcgmi not installed"
+    # The checks ran the captures' own commands and read what the machine printed.
+    query = (H200 / "commands").read_text().split("query-gpu.txt: ", 1)[1].splitlines()[0]
+    assert f"$ {query}\n0, 00000000:00:06.0, 0, [N/A]\n" in results["gpu-health"].raw
+    assert "00000000:00:06.0, No, No" in results["gpu-health"].raw
+    gpus = node_checks.parse_query_csv((H200 / "query-gpu.txt").read_text(), node_checks.GPU_QUERY)
+    assert gpus == [{"index": 0, "pci.bus_id": "00000000:00:06.0", "ecc.errors.uncorrected.volatile.total": 0,
+                     "retired_pages.pending": None}]
+    # The same machine taken for an 8-GPU H200 type is seven GPUs short.
+    short = node_checks.check_gpu_count(expected=H200_TYPE_GPUS, timeout=30)
+    assert (short.ok, short.detail) == (False, f"1 of {H200_TYPE_GPUS} GPUs visible")
+
+
+def test_a_captured_machine_answers_only_its_captured_commands(monkeypatch, tmp_path):
+    _only_standins(monkeypatch, tmp_path, ["nvidia-smi", "fi_info"], scenario="h200-1gpu")
+    for argv in (["nvidia-smi", "--query-gpu=index,name", "--format=csv"], ["fi_info", "-p", "efa", "-t", "FI_EP_RDM"]):
+        proc = subprocess.run(argv, capture_output=True, text=True)
+        assert proc.returncode == 2 and "no capture of: " + " ".join(argv) in proc.stderr
+
+
+def test_the_efa_check_runs_the_command_its_recording_answers(monkeypatch, tmp_path):
+    # `fi_info -p efa -t FI_EP_RDM`: the command of the published p4de.24xlarge output p4d-healthy follows.
+    _only_standins(monkeypatch, tmp_path, ["fi_info"])
+    outcome = node_checks.check_efa(expected=P4D_EFA_DEVICES, timeout=30)
+    assert outcome.raw.splitlines()[0].endswith("/fi_info -p efa -t FI_EP_RDM"), outcome.raw
+    assert outcome.ok and outcome.detail == (f"{P4D_EFA_DEVICES} of {P4D_EFA_DEVICES} EFA devices: "
+                                             f"rdmap16s27, rdmap32s27, rdmap144s27, rdmap160s27")
 
 
 def test_dcgm_is_skipped_where_it_is_not_installed(monkeypatch, tmp_path):

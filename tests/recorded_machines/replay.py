@@ -4,6 +4,9 @@ The scenario is the directory named by $RECORDED_MACHINE. A recording is a file 
 with optional ``<file>.stderr`` and ``<file>.exit`` (the exit status, 0 without one). A scenario that
 differs from another in a few outputs holds just those and names the other in its ``based-on``
 file. A command line with no recording fails loudly (exit 2) instead of printing something made up.
+
+A scenario captured on a real machine (``h200-1gpu``) holds a ``commands`` file instead: each
+capture with the exact command line it answers, replayed byte for byte; any other command line fails.
 """
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 SCENARIO_VAR = "RECORDED_MACHINE"
 BASED_ON = "based-on"
+CAPTURED = "commands"  # in a captured scenario: `<file>: <command line>` per capture
 # The nccl-tests sweep the all_reduce_perf recordings were made with.
 ALL_REDUCE_SWEEP = ["-b", "8", "-e", "1G", "-f", "2", "-g", "1"]
 
@@ -27,11 +31,26 @@ def fail(program: str, message: str) -> None:
     sys.exit(2)
 
 
-def recording(program: str, name: str) -> Path:
+def scenario_dir(program: str) -> Path:
     scenario = os.environ.get(SCENARIO_VAR)
     if not scenario or not (HERE / scenario).is_dir():
         fail(program, f"set {SCENARIO_VAR} to one of {', '.join(scenarios())} (it is {scenario!r})")
-    directory = HERE / scenario
+    return HERE / scenario
+
+
+def captured_commands(directory: Path) -> dict[str, str] | None:
+    """A captured scenario's command lines and the files that answer them; None for the others."""
+    listing = directory / CAPTURED
+    if not listing.is_file():
+        return None
+    pairs = (line.split(": ", 1) for line in listing.read_text().splitlines()
+             if line.strip() and not line.startswith("#"))
+    return {command: name for name, command in pairs}
+
+
+def recording(program: str, name: str) -> Path:
+    directory = scenario_dir(program)
+    scenario = directory.name
     while not (directory / name).is_file():
         base = directory / BASED_ON
         if not base.is_file():
@@ -69,6 +88,14 @@ def nvidia_smi_csv(name: str, fields: list[str], fmt: list[str]) -> str:
 
 
 def main(program: str, args: list[str]) -> None:
+    directory = scenario_dir(program)
+    captured = captured_commands(directory)
+    if captured is not None:
+        line = " ".join([program, *args])
+        if line in captured:
+            replay(program, captured[line])
+        fail(program, f"no capture of: {line} ({directory.name} answers only the command lines in its "
+                      f"{CAPTURED} file)")
     if program == "nvidia-smi":
         if args == ["-L"]:
             replay(program, "nvidia-smi-L.txt")
@@ -79,8 +106,8 @@ def main(program: str, args: list[str]) -> None:
             name = f"nvidia-smi-query-{kind}.csv"
             replay(program, name, nvidia_smi_csv(name, fields.split(","),
                                                  formats[0].removeprefix("--format=").split(",")))
-    elif program == "fi_info" and args == ["-p", "efa"]:
-        replay(program, "fi_info-p-efa.txt")
+    elif program == "fi_info" and args == ["-p", "efa", "-t", "FI_EP_RDM"]:
+        replay(program, "fi_info-p-efa-t-FI_EP_RDM.txt")
     elif program == "dcgmi" and args in (["diag", "-r", "1"], ["diag", "--run", "1"]):
         replay(program, "dcgmi-diag-r1.txt")
     elif program == "dmesg" and not args:
