@@ -11,6 +11,10 @@ What is judged, from the text ``all_reduce_perf`` prints at its end (nccl-tests 
 - With ``NCCL_DEBUG=INFO`` (set by :func:`all_reduce_argv`), NCCL names the transport it chose
   (``NCCL INFO Using network AWS Libfabric`` or ``... Using network Socket``): on an EFA instance
   type, TCP sockets mean the EFA path is broken even before the numbers say so.
+- The ranks under ``# Using devices`` (``#  Rank  0 Group  0 Pid ...``): nccl-tests defines the bus
+  bandwidth as algbw x 2(n-1)/n for n ranks, 0 for a single rank, which also sends nothing over
+  NVLink or a network (NCCL still names a transport). A single rank's output says nothing about
+  the fabric and is not judged as one.
 """
 from __future__ import annotations
 
@@ -26,6 +30,7 @@ SWEEP = ("-b", "8", "-e", "1G", "-f", "2", "-g", "1")
 _AVG_BUSBW = re.compile(r"#\s*Avg bus bandwidth\s*:\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)")
 _OUT_OF_BOUNDS = re.compile(r"#\s*Out of bounds values\s*:\s*(\d+)\s*(OK|FAILED)?")
 _NETWORK = re.compile(r"NCCL INFO Using network (.+?)\s*$", re.MULTILINE)
+_RANK = re.compile(r"#\s*Rank\s+(\d+)\s+(?:Group\s+\d+\s+)?Pid\b")
 
 
 @dataclass(frozen=True)
@@ -69,6 +74,11 @@ SOCKETS_NO_FLOOR = ("no bus-bandwidth floor over TCP sockets (EFA is off): no he
                     "with correct values only")
 
 
+SINGLE_RANK = ("1 rank: its bus bandwidth is 0 by definition (nccl-tests: busbw = algbw x 2(n-1)/n) and "
+               "it sends nothing over NVLink or the network, so this run says nothing about the fabric: "
+               "run all_reduce_perf across two or more nodes, one rank per GPU")
+
+
 class AllReduceOutputError(ValueError):
     """The output has no result to judge (the run failed or was cut short)."""
 
@@ -95,12 +105,24 @@ def parse_networks(text: str) -> set[str]:
     return {name.strip() for name in _NETWORK.findall(text)}
 
 
+def parse_ranks(text: str) -> int | None:
+    """How many ranks the run had (the ``# Using devices`` list), None where the list is missing."""
+    ranks = set(_RANK.findall(text))
+    return len(ranks) or None
+
+
 @dataclass(frozen=True)
 class AllReduceVerdict:
     ok: bool
     busbw_gbps: float | None
     floor_gbps: float | None     # None: no bandwidth floor (TCP sockets, SOCKETS_NO_FLOOR)
     problems: tuple[str, ...]
+    ranks: int | None = None     # None: the output lists no ranks
+
+    @property
+    def fabric_judged(self) -> bool:
+        """False for a single rank's output, which cannot show a fabric's health."""
+        return self.ranks != 1
 
     @property
     def floor_text(self) -> str:
@@ -134,21 +156,24 @@ def judge_all_reduce(text: str, *, floor_gbps: float | None, efa: bool) -> AllRe
     """Whether one ``all_reduce_perf`` output shows a healthy fabric. ``efa``: the nodes have EFA,
     so NCCL must not have fallen back to TCP sockets. ``floor_gbps`` None: no bandwidth floor."""
     problems: list[str] = []
+    ranks = parse_ranks(text)
     try:
         busbw: float | None = parse_all_reduce_perf(text)
     except AllReduceOutputError as err:
         busbw = None
         problems.append(str(err))
-    if busbw is not None and floor_gbps is not None and busbw < floor_gbps:
+    if ranks == 1:
+        problems.append(SINGLE_RANK)
+    elif busbw is not None and floor_gbps is not None and busbw < floor_gbps:
         problems.append(f"avg bus bandwidth {busbw:g} GB/s is below the floor of {floor_gbps:g} GB/s")
     wrong = parse_out_of_bounds(text)
     if wrong:
         problems.append(f"{wrong} wrong values (# Out of bounds values)")
     networks = parse_networks(text)
-    if efa and "Socket" in networks:
+    if efa and "Socket" in networks and ranks != 1:
         problems.append("NCCL used TCP sockets, not EFA (Using network Socket): the EFA path "
                         "(libfabric, aws-ofi-nccl, FI_PROVIDER) is broken on at least one node")
-    return AllReduceVerdict(not problems, busbw, floor_gbps, tuple(problems))
+    return AllReduceVerdict(not problems, busbw, floor_gbps, tuple(problems), ranks)
 
 
 def all_reduce_argv(binary: str, *, nodes: int, gpus_per_node: int, instance_type: str, efa: bool,

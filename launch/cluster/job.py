@@ -350,9 +350,15 @@ def check_fabric(*, nodes: int, gpus_per_node: int, instance_type: str, efa: boo
     verdict = judge_all_reduce(text, floor_gbps=floor, efa=efa)
     if failed or not verdict.ok:
         problems = list(verdict.problems) + ([f"{ALL_REDUCE_PROGRAM} failed or timed out"] if failed else [])
-        print(f"all-reduce check failed: {'; '.join(problems)}. A node's GPU interconnect or EFA path is "
-              f"degraded; `sinfo -R` and `python -m launch.cluster.node_health` on each node narrow it "
-              f"down. Its output:\n{text[-3000:]}", flush=True)
+        if verdict.fabric_judged:
+            why = ("A node's GPU interconnect or EFA path is degraded; `sinfo -R` and `python -m "
+                   "launch.cluster.node_health` on each node narrow it down")
+        else:
+            # Every process printed a run of its own: they never formed one communicator.
+            why = (f"The {nodes * gpus_per_node} processes started did not join one run: an "
+                   f"{ALL_REDUCE_PROGRAM} built without MPI support (nccl-tests' MPI=1) runs each as a "
+                   f"rank of its own")
+        print(f"all-reduce check failed: {'; '.join(problems)}. {why}. Its output:\n{text[-3000:]}", flush=True)
         return False
     print(f"all-reduce check passed: {verdict.busbw_gbps:g} GB/s average bus bandwidth ({verdict.floor_text})",
           flush=True)

@@ -43,7 +43,8 @@ time for the actions. Each check gets its share of what is left, so one hung com
 the checks after it, and a check that failed only by timing out runs once more before the node is
 judged.
 
-Exit status: 0 healthy, 1 unhealthy, 2 bad input (cluster.env, instance type, arguments).
+Exit status: 0 healthy, 1 unhealthy, 2 bad input (cluster.env, instance type, arguments, an
+``all-reduce`` output of a single rank).
 """
 from __future__ import annotations
 
@@ -606,6 +607,10 @@ def all_reduce_main(argv: list[str]) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     verdict = judge_all_reduce(text, floor_gbps=floor, efa=cfg.expected_efa > 0)
+    if not verdict.fabric_judged:
+        # Nothing about the node or the fabric is known from it: refused as input, nothing is done.
+        print(f"error: --output {args.output}: {'; '.join(verdict.problems)}", file=sys.stderr)
+        return 2
     result = CheckResult(ALL_REDUCE_CHECK, "ok" if verdict.ok else "fail", verdict.detail, text)
     actions = []
     if result.failed and args.health_check:

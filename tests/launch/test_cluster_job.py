@@ -403,6 +403,18 @@ def test_the_all_reduce_across_the_nodes_is_judged_before_training(machine, efa,
     assert ("no bus-bandwidth floor over TCP sockets (EFA is off)" in out) is not efa
 
 
+def test_processes_that_ran_as_single_ranks_are_not_blamed_on_the_fabric(monkeypatch, capsys):
+    """The real single-GPU run (h200-1gpu) printed by each of the two processes mpirun starts: each
+    lists one rank and `# Avg bus bandwidth    : 0 `, as processes that never joined one run do."""
+    monkeypatch.setenv("RECORDED_MACHINE", "h200-1gpu")
+    assert not job.check_fabric(nodes=2, gpus_per_node=1, instance_type="p5en.48xlarge", efa=True,
+                                program=str(ALL_REDUCE_STAND_IN))
+    out = capsys.readouterr().out
+    assert "all-reduce check failed: 1 rank: its bus bandwidth is 0 by definition" in out
+    assert "did not join one run" in out
+    assert "EFA path" not in out and "below the floor" not in out
+
+
 def test_over_sockets_the_all_reduce_still_fails_on_wrong_values(tmp_path, monkeypatch, capsys):
     """Without a bandwidth floor the sockets check still catches wrong results: the recorded sockets
     run with its out-of-bounds line saying 3 wrong values."""
