@@ -7,17 +7,19 @@ that does not return is reported, never waited on forever (a process stuck in un
 that survives SIGKILL is left behind rather than waited for).
 
 Output formats, from the tools' documentation and real machines' outputs (tests/recorded_machines
-replays such outputs):
+replays one H200 machine's captured outputs and p4d outputs reconstructed from published ones):
 
 - ``nvidia-smi -L``: one ``GPU <i>: <name> (UUID: GPU-...)`` line per GPU the driver sees.
 - ``nvidia-smi --query-gpu=... --format=csv,noheader`` and ``--query-remapped-rows=...``: comma+space
   separated values; ``[N/A]`` where the GPU has no such counter (A100/H100 have no page retirement,
   V100 no row remapping); pending/failure flags as ``Yes``/``No`` (some drivers print 1/0).
-- Kernel log: ``NVRM: Xid (PCI:0000:10:1c): 79, pid=..., GPU has fallen off the bus.``
+- Kernel log: ``NVRM: Xid (PCI:0000:10:1c): 79, pid='<unknown>', name=<unknown>, GPU has fallen off
+  the bus.`` (drivers 525 to 550; 570 and later leave out pid and name).
 - ``dcgmi diag -r 1``: a ``| Diagnostic | Result |`` table, one row per test with Pass, Fail, Warn
   or Skip, followed by Error/Warning/Info rows that belong to the test above them.
-- ``fi_info -p efa``: a block per endpoint; each EFA device has a ``domain: <device>-rdm`` entry
-  (libfabric 2 lists it twice, under the ``efa-direct`` and ``efa`` fabrics).
+- ``fi_info -p efa -t FI_EP_RDM``: a block per endpoint; each EFA device has a
+  ``domain: <device>-rdm`` entry (libfabric 2 lists it twice, under the ``efa-direct`` and ``efa``
+  fabrics; without ``-t`` the datagram endpoints, ``<device>-dgrm``, are listed as well).
 """
 from __future__ import annotations
 
@@ -356,8 +358,13 @@ def check_dcgm(*, expected_gpus: int, timeout: float) -> Outcome:
 FI_INFO_FALLBACKS = ("/opt/amazon/efa/bin/fi_info",)
 
 
+# The reliable-datagram endpoints NCCL's EFA plugin uses, one per device: the query AWS's EFA guides
+# verify an instance with.
+FI_INFO_ARGS = ("-p", "efa", "-t", "FI_EP_RDM")
+
+
 def parse_fi_info(text: str) -> list[str]:
-    """The distinct EFA devices in ``fi_info -p efa`` output (``domain: <device>-rdm``)."""
+    """The distinct EFA devices in ``fi_info -p efa [-t FI_EP_RDM]`` output (``domain: <device>-rdm``)."""
     found = set(re.findall(r"^\s*domain:\s*(\S+)-rdm\s*$", text, re.MULTILINE))
     return sorted(found, key=lambda d: [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", d)])
 
@@ -366,9 +373,10 @@ def check_efa(*, expected: int, timeout: float) -> Outcome:
     """libfabric's EFA provider sees one device per EFA interface the node was launched with."""
     if expected == 0:
         return skipped("no EFA interfaces on this node")
-    result = run_bounded([find_program("fi_info", *FI_INFO_FALLBACKS), "-p", "efa"], timeout=timeout)
+    result = run_bounded([find_program("fi_info", *FI_INFO_FALLBACKS), *FI_INFO_ARGS], timeout=timeout)
     if result.missing or result.timed_out:
-        return Outcome(False, f"fi_info -p efa: {result.problem}", result.raw, timed_out=result.timed_out)
+        return Outcome(False, f"fi_info {' '.join(FI_INFO_ARGS)}: {result.problem}", result.raw,
+                       timed_out=result.timed_out)
     devices = parse_fi_info(result.stdout)
     detail = f"{len(devices)} of {expected} EFA devices"
     if len(devices) != expected:
