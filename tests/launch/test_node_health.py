@@ -585,6 +585,15 @@ def test_parse_xids_of_both_driver_formats():
         node_checks.XidEvent(79, "0000:c6:00", "pid=1101234, name=nvc:[driver], GPU has fallen off the bus.")]
 
 
+def test_parse_xids_of_the_published_xid_79_forms():
+    # Published kernel logs: drivers 525.125.06 and 550.90.07 name the process (unknown here); 580 and
+    # 595 leave it out (NVIDIA/open-gpu-kernel-modules issue 1151).
+    log = ("[ 4254.197860] NVRM: Xid (PCI:0000:5d:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off "
+           "the bus.\n"
+           "NVRM: Xid (PCI:0000:06:00): 79, GPU has fallen off the bus.\n")
+    assert [(e.xid, e.pci) for e in node_checks.parse_xids(log)] == [(79, "0000:5d:00"), (79, "0000:06:00")]
+
+
 def test_parse_dcgm_diag_with_wrapped_rows():
     # dcgmi diag -r 2 on a node with a bad GPU 0 (stas00/ml-engineering, debug.md).
     text = """\
