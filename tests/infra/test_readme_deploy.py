@@ -10,8 +10,8 @@ archives in their place.
 What the replay changes, and why (nothing else is touched):
 - `maskrcnn settings` and `maskrcnn preflight` get a settings file in a temporary directory
   (`--file`, `--settings-file`), not the repository's settings.json.
-- Service Quotas is answered by recorded responses (tests/launch/recorded_aws/): moto has no EC2
-  quotas.
+- Service Quotas is answered by responses written from its API reference (tests/launch/recorded_aws/,
+  not captured from AWS): moto has no EC2 quotas.
 - The synthetic archives cannot match COCO's published md5s: the download runs as written first
   and must refuse them on those checksums, then again with `--checksum` for the three archives.
 - Each deploy synthesizes offline (no account): the AMI is the Deep Learning AMI's SSM parameter,
@@ -62,8 +62,9 @@ MASKRCNN = Path(sys.executable).parent / "maskrcnn"
 STACKS = [outputs.NETWORK_STORAGE_STACK, outputs.EFS_CLUSTER_STACK, outputs.SAGEMAKER_STACK]
 DEPENDENCIES = {outputs.EFS_CLUSTER_STACK: [outputs.NETWORK_STORAGE_STACK],
                 outputs.SAGEMAKER_STACK: [outputs.NETWORK_STORAGE_STACK], outputs.NETWORK_STORAGE_STACK: []}
-# Service Quotas, as AWS answers (tests/launch/recorded_aws/get_service_quota.json): an account with
-# the P quota at 192 vCPUs, then after the increase the pre-flight asks for.
+# Service Quotas, shaped as its API reference documents (tests/launch/recorded_aws/
+# get_service_quota.json): an account with the P quota at 192 vCPUs, then after the increase the
+# pre-flight asks for.
 P_QUOTA, EIP_QUOTA = "L-417A185B", "L-0263D0A3"
 QUOTAS_BEFORE = {"GetServiceQuota": {P_QUOTA: "p-192", EIP_QUOTA: "elastic-ip-5"}}
 QUOTAS_AFTER = {"GetServiceQuota": {P_QUOTA: "p-384", EIP_QUOTA: "elastic-ip-5"}}

@@ -11,7 +11,7 @@ What stands in for what cannot run here:
 - slurmctld: none runs here. Where a test needs Slurm to answer, a recorder takes the argv lists
   and answers squeue with job ids; the failure tests run the real scontrol and squeue against a
   slurm.conf whose controller port has nothing listening;
-- EC2's DescribeCapacityReservations, which moto lacks: the recorded responses in
+- EC2's DescribeCapacityReservations, which moto lacks: responses written from the API reference in
   tests/launch/recorded_aws/; DescribeInstances of an instance in a Capacity Block (moto never sets
   CapacityReservationId): INSTANCE_IN_BLOCK below, in the API reference's element names;
 - SNS: moto, with an SQS queue subscribed to the alerts topic to read the alert back.

@@ -1,7 +1,7 @@
-"""The pre-flight (launch/preflight.py) against a moto server, with recorded responses
-(tests/launch/recorded_aws/) for what moto does not answer: Service Quotas' EC2 quotas,
-DescribeCapacityReservations, Resource Groups' ListGroupResources, and a stack in
-ROLLBACK_COMPLETE.
+"""The pre-flight (launch/preflight.py) against a moto server, with responses written from the API
+references (tests/launch/recorded_aws/, not captured from AWS) for what moto does not answer:
+Service Quotas' EC2 quotas, DescribeCapacityReservations, Resource Groups' ListGroupResources,
+and a stack in ROLLBACK_COMPLETE.
 
 moto answers DescribeAvailabilityZones, DescribeInstanceTypeOfferings, DescribeInstanceTypes,
 DescribeInstances, DescribeAddresses and DescribeStacks. Its offerings are AWS's: p4d.24xlarge in
@@ -41,7 +41,7 @@ STANDARD_SPOT_NAME = "All Standard (A, C, D, H, I, M, R, T, Z) Spot Instance Req
 SPOT_QUOTAS = {"GetServiceQuota": {**QUOTAS["GetServiceQuota"], P_SPOT_QUOTA: "p4-p3-p2-spot-192"}}
 SPOT = {"InstanceMarketOptions": {"MarketType": "spot"}}
 
-# Recorded reservations (tests/launch/recorded_aws/describe_capacity_reservations.json).
+# Reservations as the API reference shapes them (tests/launch/recorded_aws/describe_capacity_reservations.json).
 ODCR_FITS = "cr-0a1b2c3d4e5f60718"         # p4d.24xlarge, us-east-1a, active, 2 of 2 available
 ODCR_ZONE_B = "cr-0b2c3d4e5f6071829"       # p4d.24xlarge, us-east-1b, active, 2 of 2
 ODCR_G5 = "cr-0c3d4e5f607182930"           # g5.48xlarge, us-east-1a, active, 2 of 2

@@ -29,7 +29,7 @@ INFRA_TESTS = Path(__file__).resolve().parents[1] / "infra"
 @pytest.fixture(autouse=True)
 def recorded_quotas(monkeypatch):
     """The pre-flight's EC2 quotas (moto has none): the Standard vCPU quota 64, Elastic IPs 5,
-    recorded responses of Service Quotas (tests/launch/recorded_aws/), served on 127.0.0.1."""
+    Service Quotas responses written from its API reference (tests/launch/recorded_aws/), served on 127.0.0.1."""
     with Replay({"GetServiceQuota": {"L-1216C47A": "standard-64", "L-0263D0A3": "elastic-ip-5"}}).serve() as url:
         monkeypatch.setenv("AWS_ENDPOINT_URL_SERVICE_QUOTAS", url)
         yield

@@ -1,7 +1,8 @@
-"""Recorded responses of AWS APIs that moto does not answer, replayed to botocore.
+"""Responses of AWS APIs that moto does not answer, written from the API references (none was
+captured from AWS: README.md), replayed to botocore.
 
-Each JSON file here holds one operation's recorded responses, named, with the API reference they
-follow. A :class:`Replay` maps requests (by the parameter that tells them apart: a quota code, a
+Each JSON file here holds one operation's responses, named, with the API reference they follow.
+A :class:`Replay` maps requests (by the parameter that tells them apart: a quota code, a
 reservation id, a group, a stack name) to response names, and answers them
 
 - in-process: a ``before-send`` hook on a boto3 session, for exactly the mapped requests; every
@@ -9,7 +10,7 @@ reservation id, a group, a stack name) to response names, and answers them
 - out of process: an HTTP server on 127.0.0.1 for a service with an endpoint of its own (point
   ``AWS_ENDPOINT_URL_<SERVICE>`` at it), e.g. for ``maskrcnn preflight`` in a subprocess.
 
-Either way the recorded body goes through botocore's own parser for the service's protocol: EC2's
+Either way the stored body goes through botocore's own parser for the service's protocol: EC2's
 and CloudFormation's bodies are sent as their XML, Service Quotas' and Resource Groups' as JSON.
 """
 from __future__ import annotations
@@ -28,7 +29,7 @@ from local_http import serving
 
 HERE = Path(__file__).resolve().parent
 
-# operation -> (recorded file, the request parameter that picks the response)
+# operation -> (response file, the request parameter that picks the response)
 OPERATIONS = {
     "GetServiceQuota": ("get_service_quota.json", "QuotaCode"),
     "GetAWSDefaultServiceQuota": ("get_aws_default_service_quota.json", "QuotaCode"),
@@ -62,7 +63,7 @@ def _xml(name: str, value, list_item: str) -> str:
 
 
 def wire(operation: str, name: str) -> tuple[int, dict[str, str], bytes]:
-    """(status, headers, body) of recorded response `name` as the service sends it."""
+    """(status, headers, body) of stored response `name` as the service sends it."""
     doc = recorded(operation)
     response = doc["responses"][name]
     status, body = response["status"], response["body"]
@@ -96,13 +97,13 @@ class _Raw:
 
 class Replay:
     """``Replay({"GetServiceQuota": {"L-417A185B": "p-192"}})``: a GetServiceQuota request for
-    quota L-417A185B is answered with recorded response ``p-192``."""
+    quota L-417A185B is answered with stored response ``p-192``."""
 
     def __init__(self, mapping: Mapping[str, Mapping[str, str]]):
         for operation, names in mapping.items():
             known = recorded(operation)["responses"]
             missing = sorted(set(names.values()) - set(known))
-            assert not missing, f"{OPERATIONS[operation][0]} has no recorded response {missing}"
+            assert not missing, f"{OPERATIONS[operation][0]} has no response {missing}"
         self.mapping = {op: dict(names) for op, names in mapping.items()}
         self.answered: list[tuple[str, str]] = []   # (operation, key) in the order asked
 
