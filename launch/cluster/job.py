@@ -354,7 +354,8 @@ def check_fabric(*, nodes: int, gpus_per_node: int, instance_type: str, efa: boo
             why = ("A node's GPU interconnect or EFA path is degraded; `sinfo -R` and `python -m "
                    "launch.cluster.node_health` on each node narrow it down")
         else:
-            # Every process printed a run of its own: they never formed one communicator.
+            # Every process printed a run of its own: they never formed one communicator (nccl-tests
+            # built without MPI=1 under mpirun: NVIDIA/nccl-tests issue 27).
             why = (f"The {nodes * gpus_per_node} processes started did not join one run: an "
                    f"{ALL_REDUCE_PROGRAM} built without MPI support (nccl-tests' MPI=1) runs each as a "
                    f"rank of its own")

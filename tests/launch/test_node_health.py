@@ -522,6 +522,10 @@ def test_a_single_rank_output_is_judged_as_one_rank():
     assert all_reduce.parse_out_of_bounds(text) == 0
     assert all_reduce.parse_networks(text) == {"Socket"}
     assert all_reduce.parse_ranks((RECORDED / "p4d-healthy" / "all_reduce_perf.txt").read_text()) == 16
+    # Older nccl-tests list ranks without a group (a published 2-rank broadcast_perf, NVIDIA/nccl-tests
+    # issue 82).
+    assert all_reduce.parse_ranks("#   Rank  0 Pid  14926 on v100-gpu-1 device  0 [0x00] Tesla V100-PCIE-16GB\n"
+                                  "#   Rank  1 Pid   9210 on v100-gpu-5 device  0 [0x00] Tesla V100-PCIE-16GB\n") == 2
     for floor, efa in ((all_reduce.BUSBW_FLOORS[H200_TYPE].gbps, True), (None, False)):
         verdict = all_reduce.judge_all_reduce(text, floor_gbps=floor, efa=efa)
         assert (verdict.ok, verdict.fabric_judged) == (False, False)
