@@ -169,3 +169,8 @@ def emulated_hosts(tmp_path, request):
     yield make
     for hosts in reversed(made):
         hosts.close()
+
+
+# With CI=true a skipped or xfailed test fails unless tests/ci_skips.py's ALLOWED_SKIPS names it
+# (these are that module's hooks, run here for the whole suite).
+from ci_skips import pytest_make_collect_report, pytest_runtest_makereport  # noqa: E402,F401

@@ -36,7 +36,7 @@ from launch.cluster.job import read_attempts
 
 from emulated_cluster import TRAINING, _host_env
 from test_cluster_slurm import (STOP_GRACE, RECORDED, _aws, _instance_health, _job, _replace, _runs,  # noqa: F401
-                                _start_node, _wait, slurm_cluster, pytestmark)
+                                _start_node, _wait, slurm_cluster)
 
 EPOCHS, STEPS_PER_EPOCH, CHECKPOINT_EPOCHS = 30, 4, 10
 MAX_STEPS = EPOCHS * STEPS_PER_EPOCH

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from launch.cluster import job
-from machine import child_pids
+from machine import child_pids, require
 from launch.cluster.launch_command import mpirun_in_allocation
 from launch.rank_signals import training_ranks
 from training.run_status import read_stop_record, write_heartbeat
@@ -57,14 +57,13 @@ STAND_IN_RANK = """
     sys.exit(stopping.STOPPED_EXIT_STATUS)
 """
 
-needs_mpirun = pytest.mark.skipif(not shutil.which("mpirun"), reason="Open MPI's mpirun is not installed "
-                                  "(Debian package openmpi-bin; scripts/install.sh installs it)")
-
 
 @pytest.fixture
 def stand_in(tmp_path):
     """A ``training`` package whose ``train`` module is the stand-in rank; its other modules are the
-    real ones (training.run_status, training.stopping)."""
+    real ones (training.run_status, training.stopping). The ranks run under the job's mpirun."""
+    require(None if shutil.which("mpirun") else
+            "Open MPI's mpirun is not installed (Debian package openmpi-bin; scripts/install.sh installs it)")
     pkg = tmp_path / "stand_in" / "training"
     pkg.mkdir(parents=True)
     (pkg / "__init__.py").write_text(f"__path__.append({str(REPO / 'training')!r})\n")
@@ -104,7 +103,6 @@ def _alive(pid: int) -> bool:
         return False
 
 
-@needs_mpirun
 def test_a_stop_request_reaches_every_rank_which_saves_and_the_job_reports_the_checkpoint(stand_in, tmp_path, capfd):
     logdir = tmp_path / "run"
     started = time.time()
@@ -127,7 +125,6 @@ def test_a_stop_request_reaches_every_rank_which_saves_and_the_job_reports_the_c
     assert f"Slurm requeued this job: its next attempt resumes from model-{record['step']}" in out
 
 
-@needs_mpirun
 @pytest.mark.parametrize("kill_delay, saved", [("job", True), ("default", False)])
 def test_ranks_save_when_slurm_signals_mpirun_too_only_with_the_jobs_kill_delay(stand_in, tmp_path, kill_delay, saved):
     # scancel and scontrol requeue send SIGTERM to every process of the job: the ranks and mpirun.
@@ -154,7 +151,6 @@ def test_open_mpis_kill_delay_is_half_the_stop_grace_and_a_grace_that_does_not_f
     assert "--stop-grace 100: must be 10 to 90 seconds" in capsys.readouterr().err
 
 
-@needs_mpirun
 def test_a_stalled_attempt_is_stopped_and_its_hung_ranks_killed_after_the_grace(stand_in, tmp_path, capfd):
     logdir = tmp_path / "run"
     started = time.time()
@@ -207,8 +203,8 @@ def test_the_watchdog_waits_while_steps_advance(tmp_path):
 def test_the_srun_step_that_signals_every_node_is_valid_for_this_slurm(tmp_path):
     # Slurm's own srun parses the options before it contacts the controller (none here): an option
     # it does not know ends it with "unrecognized option" (status 255).
-    if not shutil.which("srun"):
-        pytest.skip("Slurm's srun is not installed (Debian package slurm-client; scripts/install.sh installs it)")
+    require(None if shutil.which("srun") else
+            "Slurm's srun is not installed (Debian package slurm-client; scripts/install.sh installs it)")
     conf = tmp_path / "slurm.conf"
     conf.write_text("ClusterName=t\nSlurmctldHost=nobody(127.0.0.1)\nSlurmctldPort=9\nMessageTimeout=1\n"
                     "NodeName=master CPUs=1 State=CLOUD\nPartitionName=train Nodes=master Default=YES\n")

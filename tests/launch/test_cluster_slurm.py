@@ -31,6 +31,7 @@ from pathlib import Path
 
 import pytest
 
+from machine import require
 from training.run_status import read_heartbeat, read_stop_record
 
 from emulated_cluster import (CREATE_GROUPS, EPOCHS, GROUPS, MAX_STEPS, MOTO_PORT, REPLACE_INSTANCE,
@@ -59,8 +60,13 @@ RECORDED_TOOLS = ("nvidia-smi", "fi_info", "dcgmi", "dmesg", "all_reduce_perf")
 STOP_GRACE = 30
 CRED_EXPIRE_S = 30
 
-pytestmark = pytest.mark.skipif(not Path("/usr/sbin/slurmctld").exists() or not Path("/usr/sbin/munged").exists(),
-                                reason="Slurm and munge are not installed (scripts/install.sh installs them)")
+SLURM_DAEMONS = ("/usr/sbin/munged", "/usr/sbin/slurmctld", "/usr/sbin/slurmd")
+
+
+def missing_slurm() -> str | None:
+    """Which of the daemons the nodes start (Debian's munge, slurmctld and slurmd) are not installed, or None."""
+    missing = [daemon for daemon in SLURM_DAEMONS if not Path(daemon).exists()]
+    return f"{', '.join(missing)} not installed (scripts/install.sh installs them)" if missing else None
 
 
 def _aws(master_address: str, **extra) -> dict[str, str]:
@@ -161,6 +167,7 @@ def _runs(master, env) -> dict[str, dict]:
 
 @pytest.fixture
 def slurm_cluster(emulated_hosts, tmp_path):
+    require(missing_slurm())
     efs = tmp_path / "efs"
     from training.data.synthetic import SyntheticSpec, generate
     generate(efs / "data" / "coco", SyntheticSpec(train=12, val=3, size=96, max_object_size=48, seed=5))
