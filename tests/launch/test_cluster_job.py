@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from event_order import out_of_order
 from launch.cluster import job
 from machine import child_pids
 from launch.cluster.launch_command import mpirun_in_allocation
@@ -194,23 +195,13 @@ def test_a_stalled_attempt_is_stopped_and_its_hung_ranks_killed_after_the_grace(
                            max_attempts=4) == job.STALLED_STATUS
     out = capfd.readouterr().out
     # The stall, the request, the ranks' SIGTERM, the grace running out, their SIGKILL, in that order.
-    assert _in_order(out, [r"watchdog: no training step for [0-9.]+ min \(last step 1\): stopping this attempt",
-                           r"watchdog: asking the ranks on every node to save a checkpoint and stop \(SIGTERM\)",
-                           rf"SIGTERM sent to {RANKS} training rank\(s\)",
-                           r"training still running 3 s after the stop request: killing it",
-                           rf"SIGKILL sent to {RANKS} training rank\(s\)",
-                           r"attempt 4 failed \(exit 3\): failure 4 of --max-attempts 4; the job fails for good"]), out
-
-
-def _in_order(text: str, patterns: list[str]) -> bool:
-    """Each pattern matches a line of ``text``, each below the previous one's first match."""
-    lines, at = text.splitlines(), 0
-    for pattern in patterns:
-        at = next((i for i in range(at, len(lines)) if re.search(pattern, lines[i])), None)
-        if at is None:
-            return False
-        at += 1
-    return True
+    problem = out_of_order(out, [r"watchdog: no training step for [0-9.]+ min \(last step 1\): stopping this attempt",
+                                 r"watchdog: asking the ranks on every node to save a checkpoint and stop \(SIGTERM\)",
+                                 rf"SIGTERM sent to {RANKS} training rank\(s\)",
+                                 r"training still running 3 s after the stop request: killing it",
+                                 rf"SIGKILL sent to {RANKS} training rank\(s\)",
+                                 r"attempt 4 failed \(exit 3\): failure 4 of --max-attempts 4; the job fails for good"])
+    assert problem is None, problem
 
 
 class _TestClock:
