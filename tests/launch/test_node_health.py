@@ -669,7 +669,7 @@ def slurm_cluster(tmp_path_factory):
     daemons = [subprocess.Popen(["slurmctld", "-D", "-i", "-f", str(conf)], env=env,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
     try:
-        time.sleep(2)
+        _wait_for_controller(conf)
         daemons.append(subprocess.Popen(["slurmd", "-D", "-N", NODE_NAME, "-f", str(conf)], env=env,
                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         _wait_for_state(conf, {"IDLE"})
@@ -678,6 +678,18 @@ def slurm_cluster(tmp_path_factory):
         for daemon in reversed(daemons):
             daemon.terminate()
             daemon.wait(timeout=30)
+
+
+def _wait_for_controller(conf: Path, timeout: float = 60) -> None:
+    """Until slurmctld answers (``scontrol ping``: "Slurmctld(primary) at localhost is UP")."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ping = subprocess.run(["scontrol", "ping"], env={**os.environ, "SLURM_CONF": str(conf)}, capture_output=True,
+                              text=True, timeout=30)
+        if " is UP" in ping.stdout:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"slurmctld did not answer in {timeout:.0f} s")
 
 
 def _slurm(conf: Path, *argv: str) -> str:
