@@ -220,6 +220,7 @@ def test_the_leader_reports_the_outcome_on_the_log_channel(tmp_path, monkeypatch
     target = logdir.parent / ".jobs" / "job-9" / "outcome.json"
     written = json.loads(target.read_text())
     assert written["ok"] is False and len(written["reason"]) == 4000
-    assert capsys.readouterr().out == f"[entry] the job's outcome (failed) is in {target}: the other hosts exit with it\n"
+    said = capsys.readouterr().out
+    assert said == f"[entry] the job's outcome (failed) is in {target}: the other hosts exit with it\n"
     entry.report_outcome(_worker_job(logdir), ok=True)   # a worker never writes it
     assert json.loads((logdir.parent / ".jobs" / "job-9" / "outcome.json").read_text())["ok"] is False

@@ -3,9 +3,9 @@ mid-epoch, the signal sent to the ranks as a job script or interruption watcher 
 (``python -m launch.rank_signals --logdir``): both ranks stop after the same step, every step up to
 the stop is kept (a checkpoint of that step, later than the last per-epoch one), and the ranks
 exit with the documented status. Rank 0's log shows the stop's order of events: the signal, at most
-the step already under way, that step's checkpoint, ``stopped.json``, the stop line. The next run in the same log dir continues at
-that step with the same schedule (epoch ends, last step), writing time-interval checkpoints
-(TRAIN.CHECKPOINT_MINUTES) under the same retention as the per-epoch ones.
+the step already under way, that step's checkpoint, ``stopped.json``, the stop line. The next run
+in the same log dir continues at that step with the same schedule (epoch ends, last step), writing
+time-interval checkpoints (TRAIN.CHECKPOINT_MINUTES) under the same retention as the per-epoch ones.
 
 A step takes a fraction of a second here, so epochs are 20 steps: the signal, sent when step 23 is
 logged, lands well inside epoch 2 (steps 21-40) even on a loaded machine.
