@@ -95,7 +95,7 @@ def test_a_stopped_job_saves_exports_and_reports_and_the_restarted_job_continues
     after_signal = rank0.split("[rank 0] SIGTERM received", 1)[-1]
     assert {int(s) for s in re.findall(rf"\bstep (\d+)/{LAST} ", after_signal)} <= {stopped}, after_signal[-3000:]
     problem = out_of_order(rank0, [r"\[rank 0\] SIGTERM received: stopping after this step",
-                                   rf"Model saved to {re.escape(str(logdir / f'model-{stopped}'))}\.",
+                                   rf"Model saved to .*/model-{stopped}\.",
                                    rf"stopped by SIGTERM after step {stopped} of {LAST}, checkpoint "])
     assert problem is None, problem
     problem = out_of_order(out, [rf"<stdout>:stopped by SIGTERM after step {stopped} of {LAST}",

@@ -103,7 +103,7 @@ def test_sigterm_checkpoints_the_next_step_and_the_next_run_continues_there(data
     after_signal = rank0.split("[rank 0] SIGTERM received", 1)[-1]
     assert set(_steps(after_signal)) <= {stopped}, after_signal[-3000:]
     problem = out_of_order(rank0, [r"\[rank 0\] SIGTERM received: stopping after this step",
-                                   rf"Model saved to {re.escape(str(logdir / f'model-{stopped}'))}\.",
+                                   rf"Model saved to .*/model-{stopped}\.",
                                    rf"stopped by SIGTERM after step {stopped} of {LAST}, checkpoint "])
     assert problem is None, problem
     assert STEPS_PER_EPOCH < SIGNAL_AT < stopped < LAST, record     # in epoch 2, after its first checkpoint
