@@ -348,6 +348,8 @@ def report_outcome(job: Job, *, ok: bool, reason: str = "") -> None:
         tmp = target.with_suffix(".tmp")
         tmp.write_text(json.dumps({"ok": ok, "reason": reason[:4000], "written_at": time.time()}))
         os.replace(tmp, target)
+        print(f"[entry] the job's outcome ({'succeeded' if ok else 'failed'}) is in {target}: the other hosts exit "
+              f"with it", flush=True)
     except OSError as err:   # keep the job's own failure; the other hosts then find the leader gone
         print(f"[entry] could not write the outcome for the other hosts to {target}: {err}", file=sys.stderr)
 
@@ -367,6 +369,7 @@ def _wait_for_leader(job: Job, outcome_file: Path, *, since: float, stop: StopFo
             outcome = None
         if outcome is not None and outcome.get("written_at", 0) >= since:
             if outcome.get("ok"):
+                print(f"[entry] the leader {job.leader} reports the job succeeded", flush=True)
                 return
             raise JobError(f"the job failed (reported by the leader {job.leader}): {outcome.get('reason')}")
         try:
@@ -437,11 +440,16 @@ def main(argv: list[str] | None = None) -> int:
     # First, so that no SIGTERM is lost: this process is the container's PID 1, and the kernel drops
     # signals to a PID 1 without a handler (launch/rank_signals.py).
     stop = StopForwarder(kill_after=STOP_GRACE_SECONDS - FINISH_SECONDS).install()
-    from sagemaker_training import environment, files
+    from sagemaker_training import environment, files, logging_config
 
     status, job = 1, None
     try:
-        job = plan(environment.Environment())
+        env = environment.Environment()
+        # As the toolkit's own entry does: its steps (the wait for every host's sshd, the mpirun
+        # command, the status it writes) go to the job's log, at the job's
+        # sagemaker_container_log_level (INFO unless set).
+        logging_config.configure_logger(env.log_level)
+        job = plan(env)
         stop.watch(job.logdir)
         print(f"[entry] host {job.current_host} of {sorted(job.hosts)}, {job.processes_per_host} process(es) "
               f"per host; data {job.train_dir}; logdir {job.logdir}", flush=True)

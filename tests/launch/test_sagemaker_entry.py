@@ -184,7 +184,7 @@ def _worker_job(logdir: Path):
                      instance_type="ml.c5.xlarge")
 
 
-def test_a_worker_exits_with_the_leaders_outcome_of_this_attempt(tmp_path, monkeypatch):
+def test_a_worker_exits_with_the_leaders_outcome_of_this_attempt(tmp_path, monkeypatch, capsys):
     from launch.sagemaker import entry
 
     monkeypatch.setattr(entry, "POLL_SECONDS", 0.05)
@@ -203,19 +203,24 @@ def test_a_worker_exits_with_the_leaders_outcome_of_this_attempt(tmp_path, monke
     outcome.write_text(json.dumps({"ok": False, "reason": "training failed on the cluster: boom", "written_at": 300.0}))
     with pytest.raises(entry.JobError, match=r"^the job failed \(reported by the leader 127.0.0.2\): training failed"):
         entry._wait_for_leader(job, outcome, since=200.0)
+    assert "reports the job succeeded" not in capsys.readouterr().out
     outcome.write_text(json.dumps({"ok": True, "reason": "", "written_at": 300.0}))
     entry._wait_for_leader(job, outcome, since=200.0)
+    assert "[entry] the leader 127.0.0.2 reports the job succeeded" in capsys.readouterr().out
     closed.close()
 
 
-def test_the_leader_reports_the_outcome_on_the_log_channel(tmp_path, monkeypatch):
+def test_the_leader_reports_the_outcome_on_the_log_channel(tmp_path, monkeypatch, capsys):
     from launch.sagemaker import entry
 
     monkeypatch.setenv("TRAINING_JOB_NAME", "job-9")
     logdir = tmp_path / "input" / "data" / "log" / "run"
     leader = dataclasses.replace(_worker_job(logdir), current_host="algo-1")
     entry.report_outcome(leader, ok=False, reason="x" * 10000)
-    written = json.loads((logdir.parent / ".jobs" / "job-9" / "outcome.json").read_text())
+    target = logdir.parent / ".jobs" / "job-9" / "outcome.json"
+    written = json.loads(target.read_text())
     assert written["ok"] is False and len(written["reason"]) == 4000
+    said = capsys.readouterr().out
+    assert said == f"[entry] the job's outcome (failed) is in {target}: the other hosts exit with it\n"
     entry.report_outcome(_worker_job(logdir), ok=True)   # a worker never writes it
     assert json.loads((logdir.parent / ".jobs" / "job-9" / "outcome.json").read_text())["ok"] is False
