@@ -20,6 +20,7 @@ from typing import NamedTuple
 
 import pytest
 
+from launch.cluster.job import MIN_STOP_GRACE_S
 from training.configs import cpu_synthetic
 
 REPO = Path(__file__).resolve().parents[2]
@@ -105,13 +106,18 @@ import boto3, sys
     "AutoScalingInstances"]
 print(instance["HealthStatus"])
 """
-# The jobs' --stop-grace: a checkpoint of this model saves in about a second (the default, 90 s, is for
-# COCO-sized ones), and a stopped or requeued attempt frees its nodes about this long later.
-STOP_GRACE = 30
-# The cluster's own Slurm settings (custom.conf, docs/launch.md), here to start a requeued job sooner:
-# after 31 s rather than Slurm's 121 (cred_expire, long enough for these nodes' prologs), looked for every 10 s.
-CRED_EXPIRE_S = 30
-BF_INTERVAL_S = 10
+# The jobs' --stop-grace: the shortest the command takes (launch/cluster/job.py: a step and a checkpoint
+# save of a small model fit in it). This model's checkpoint saves in about a second (the default, 90 s,
+# is for COCO-sized ones), and a stopped or requeued attempt frees its nodes about this long later.
+STOP_GRACE = MIN_STOP_GRACE_S
+# The cluster's own Slurm settings (custom.conf, docs/launch.md), for nodes that start a job in seconds.
+# A requeued job waits cred_expire + 1 s before it may start again; slurm.conf(5): cred_expire "must be
+# sufficiently long enough to load user environment, run prolog ... This also controls how long a
+# requeued job must wait before starting again" (120 s by default; Slurm takes no less than 5). These
+# nodes' prologs (the health checks) take a few seconds. The backfill scheduler, which starts the
+# requeued job once that wait is over, runs every bf_interval seconds (30 by default, at least 1).
+CRED_EXPIRE_S = 10
+BF_INTERVAL_S = 1
 CUSTOM_CONF = f"# emulated nodes start jobs in seconds\nAuthInfo=cred_expire={CRED_EXPIRE_S}\n" \
               f"SchedulerParameters=bf_interval={BF_INTERVAL_S}\n"
 
@@ -185,8 +191,10 @@ def replace_instance(master, env, hosts, host, *, munge_key: bytes, machine: str
     return instance_id
 
 
-def wait_for(predicate, timeout: float, what: str, poll: float = 1.0):
-    """``predicate()``'s first true value, asked every ``poll`` seconds; fails after ``timeout``."""
+def wait_for(predicate, timeout: float, what: str, poll: float = 0.2):
+    """``predicate()``'s first true value, asked every ``poll`` seconds; fails after ``timeout``. The
+    default suits a predicate that reads files; one that runs a Slurm command asks every 0.5 s, one
+    that runs Python on a host (boto3 against moto, the `job` command) every second."""
     deadline = time.time() + timeout
     while True:
         value = predicate()
@@ -268,7 +276,7 @@ def start_slurm_cluster(emulated_hosts, tmp_path: Path) -> SlurmCluster:
     local = host_env(AWS_ENDPOINT_URL=f"http://127.0.0.1:{MOTO_PORT}")
     ping = f"import urllib.request; urllib.request.urlopen('http://127.0.0.1:{MOTO_PORT}/moto-api/', timeout=1)"
     wait_for(lambda: moto.poll() is None and master.run([sys.executable, "-c", ping], env=local).returncode == 0,
-             60, "moto in the master", poll=0.2)
+             60, "moto in the master", poll=0.5)
     made = master.run([sys.executable, "-c", CREATE_GROUPS], env=local, timeout=120)
     assert made.returncode == 0, made.stderr
     ips = json.loads(made.stdout)
@@ -286,7 +294,7 @@ def start_slurm_cluster(emulated_hosts, tmp_path: Path) -> SlurmCluster:
                      munge_key=munge_key)
     nodes = {host.name: start_node(host, env) for host in hosts}
     wait_for(lambda: sorted(sinfo(master, env).items()) == [("master", "idle"), ("worker-1", "idle"),
-                                                            ("worker-2", "idle")], 90, "three idle Slurm nodes")
+                                                            ("worker-2", "idle")], 90, "three idle Slurm nodes", poll=0.5)
     config = master.run(["scontrol", "show", "config"], env=env, timeout=30).stdout
     assert re.search(rf"^AuthInfo\s*=\s*cred_expire={CRED_EXPIRE_S}$", config, re.M), config
     assert re.search(rf"^SchedulerParameters\s*=\s*nohold_on_prolog_fail,bf_interval={BF_INTERVAL_S}$",

@@ -63,7 +63,7 @@ def test_a_run_is_a_slurm_job_that_is_requeued_and_resumes_after_a_worker_dies(s
     # that the worker is lost mid-run however fast this machine is at the moment.
     state = logdir / "checkpoint"
     wait_for(lambda: state.exists() and f"model-{STEPS_PER_EPOCH}" in state.read_text(), 400,
-          "the first epoch's checkpoint", poll=0.2)
+             "the first epoch's checkpoint")
     _signal_ranks("STOP", logdir="/efs/logs/emulated")
     assert f"model-{MAX_STEPS}" not in state.read_text()
     status = job(master, env, "status", "emulated", "--json")
@@ -75,7 +75,7 @@ def test_a_run_is_a_slurm_job_that_is_requeued_and_resumes_after_a_worker_dies(s
     lost = time.time()
     _signal_ranks("CONT", logdir="/efs/logs/emulated")
     wait_for(lambda: "ORTE has lost communication with a remote daemon" in _output(logdir), 120,
-          "mpirun to notice the lost worker")
+             "mpirun to notice the lost worker")
     noticed = time.time() - lost
     print(f"mpirun noticed the lost worker {noticed:.0f} s after its link was cut")
     assert noticed < 60, f"mpirun took {noticed:.0f} s to notice the lost worker"
@@ -87,17 +87,18 @@ def test_a_run_is_a_slurm_job_that_is_requeued_and_resumes_after_a_worker_dies(s
     faulty = replace_instance(master, env, hosts, victim, munge_key=munge_key, machine="p4d-xid79")
     nodes[victim.name] = start_node(victim, env)
     wait_for(lambda: instance_health(master, env, faulty).upper() == "UNHEALTHY", 180,
-          "the faulty replacement to be marked Unhealthy")
+             "the faulty replacement to be marked Unhealthy", poll=1)
     # Its Slurm node (the lost worker's name) is drained; the reason names the failed check first.
     name = slurm_name(victim)
     wait_for(lambda: sinfo_reasons(master, env).get(name, "").startswith(("gpu-count", "xid")), 60,
-          f"{name} drained by its health check")
+             f"{name} drained by its health check", poll=0.5)
     # Its replacement is healthy, joins under the same Slurm name and the job resumes there.
     replace_instance(master, env, hosts, victim, munge_key=munge_key)
     nodes[victim.name] = start_node(victim, env)
     # The next attempt runs to the end, resumed from the first epoch's checkpoint on three ranks.
-    wait_for(lambda: f"model-{MAX_STEPS}" in state.read_text(), 600, "the run's last checkpoint", poll=1)
-    wait_for(lambda: runs(master, env).get("emulated", {}).get("state") == "COMPLETED", 120, "the job to complete")
+    wait_for(lambda: f"model-{MAX_STEPS}" in state.read_text(), 600, "the run's last checkpoint")
+    wait_for(lambda: runs(master, env).get("emulated", {}).get("state") == "COMPLETED", 120, "the job to complete",
+             poll=1)
     logs = job(master, env, "logs", "emulated").stdout
     assert re.search(r"attempt 1 of job \d+ on 3 node\(s\)", logs), logs[-3000:]
     assert re.search(r"attempt [2-3] of job \d+ on 3 node\(s\)", logs), logs[-3000:]
@@ -118,8 +119,7 @@ def test_a_run_is_a_slurm_job_that_is_requeued_and_resumes_after_a_worker_dies(s
     name = re.search(r"submitted run (\S+) as job", second.stdout).group(1)
     assert name.startswith("maskrcnn-") and name != "emulated"
     run = efs / "logs" / name
-    wait_for(lambda: (read_heartbeat(str(run)) or {}).get("step", 0) >= 1, 400, "the second run's first steps",
-          poll=0.5)
+    wait_for(lambda: (read_heartbeat(str(run)) or {}).get("step", 0) >= 1, 400, "the second run's first steps")
     stop_asked = time.time()
     stop = job(master, env, "stop", name)
     assert stop.returncode == 0, stop.stderr
@@ -130,7 +130,7 @@ def test_a_run_is_a_slurm_job_that_is_requeued_and_resumes_after_a_worker_dies(s
     assert f'model_checkpoint_path: "{record["checkpoint"]}"' in (run / "checkpoint").read_text()
     # mpirun and Open MPI's daemons end after their kill delay (twice job.mpi_kill_delay(STOP_GRACE))
     wait_for(lambda: runs(master, env).get(name, {}).get("state", "").startswith("CANCELLED"), 240,
-          "the stopped run to be CANCELLED")
+             "the stopped run to be CANCELLED", poll=1)
     logs = job(master, env, "logs", name).stdout
     assert f"training stopped at step {record['step']} with checkpoint {record['checkpoint']}" in logs, logs[-3000:]
     assert (f"the job was cancelled: `maskrcnn job submit --run-name {name} --resume` continues from "
