@@ -112,19 +112,22 @@ def test_a_run_is_a_slurm_job_that_is_requeued_and_resumes_after_a_worker_dies(s
 
     # Another run, stopped through the wrapper while it trains: scancel. The ranks finish their step
     # and rank 0 saves it; the job-completion log says CANCELLED. Its schedule is long enough (a step
-    # takes about a second here) that the stop lands well before its end.
+    # takes about a second here) that the stop lands well before its end. It is stopped past its
+    # first epoch, whose steps include TensorFlow's warm-up (half a minute on these shared cores):
+    # --stop-grace is the shortest, which a step and a checkpoint of a warmed-up run fit in.
     second = job(master, env, "submit", "--stop-grace", str(STOP_GRACE), *TRAINING,
-                  f"TRAIN.LR_EPOCH_SCHEDULE=[({EPOCHS - 1}, 0.5), (50, None)]")
+                 f"TRAIN.LR_EPOCH_SCHEDULE=[({EPOCHS - 1}, 0.5), (50, None)]")
     assert second.returncode == 0, second.stderr
     name = re.search(r"submitted run (\S+) as job", second.stdout).group(1)
     assert name.startswith("maskrcnn-") and name != "emulated"
     run = efs / "logs" / name
-    wait_for(lambda: (read_heartbeat(str(run)) or {}).get("step", 0) >= 1, 400, "the second run's first steps")
+    wait_for(lambda: (read_heartbeat(str(run)) or {}).get("step", 0) > STEPS_PER_EPOCH, 400,
+             "the second run's first epoch")
     stop_asked = time.time()
     stop = job(master, env, "stop", name)
     assert stop.returncode == 0, stop.stderr
     record = wait_for(lambda: read_stop_record(str(run)), 150, "the stopped run's stopped.json")
-    assert record["signal"] == "SIGTERM" and record["step"] >= 1 and record["time"] >= stop_asked
+    assert record["signal"] == "SIGTERM" and record["step"] > STEPS_PER_EPOCH and record["time"] >= stop_asked
     assert record["checkpoint"] == f"model-{record['step']}", record
     assert (run / f"{record['checkpoint']}.index").exists()
     assert f'model_checkpoint_path: "{record["checkpoint"]}"' in (run / "checkpoint").read_text()
