@@ -114,8 +114,9 @@ STOP_GRACE = MIN_STOP_GRACE_S
 # A requeued job waits cred_expire + 1 s before it may start again; slurm.conf(5): cred_expire "must be
 # sufficiently long enough to load user environment, run prolog ... This also controls how long a
 # requeued job must wait before starting again" (120 s by default; Slurm takes no less than 5). These
-# nodes' prologs (the health checks) take a few seconds. The backfill scheduler, which starts the
-# requeued job once that wait is over, runs every bf_interval seconds (30 by default, at least 1).
+# nodes' prologs (the health checks) take 2-3 s (slurmctld's allocation to slurmd's "Launching batch
+# job" in their logs, on these shared cores). The backfill scheduler, which starts the requeued job
+# once that wait is over, runs every bf_interval seconds (30 by default, at least 1).
 CRED_EXPIRE_S = 10
 BF_INTERVAL_S = 1
 CUSTOM_CONF = f"# emulated nodes start jobs in seconds\nAuthInfo=cred_expire={CRED_EXPIRE_S}\n" \
