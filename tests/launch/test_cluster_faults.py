@@ -236,12 +236,13 @@ def test_a_run_survives_the_clusters_own_automation(slurm_cluster, tmp_path):
         assert watcher.returncode == 1 and len(json.loads(marker.read_text())["failed"]) == 1, \
             watcher.stdout + watcher.stderr + marker.read_text()
         # What Slurm itself says once the watcher is done: the node is drained, for the notice; the job
-        # is requeued (Restarts up by one, no longer RUNNING: its processes are being ended).
+        # is requeued (no longer RUNNING: its processes are being ended; Restarts up by one).
         assert "DRAIN" in node_state(master, env, name)
         assert sinfo_reasons(master, env)[name] == f"spot interruption at {when}"
         requeued = job_fields(master, env, job_id)
-        assert requeued["Restarts"] == str(attempt) and requeued["JobState"] != "RUNNING", requeued
-        assert requeued["Requeue"] == "1", requeued
+        assert requeued["JobState"] != "RUNNING" and requeued["Requeue"] == "1", requeued
+        wait_for(lambda: job_fields(master, env, job_id)["Restarts"] == str(attempt), 150,
+                 "Slurm to count the requeue", poll=0.5)
         wait_for(lambda: read_stop_record(str(logdir), since=asked), 150, "the interrupted attempt's stopped.json")
     finally:
         imds.terminate()
@@ -254,6 +255,7 @@ def test_a_run_survives_the_clusters_own_automation(slurm_cluster, tmp_path):
     graceful("Spot interruption notice", "drain, requeue (ranks checkpoint); EC2 takes the instance, the group "
              "replaces it", asked, attempt)
     attempt += 1
+    assert job_fields(master, env, job_id)["Restarts"] == str(attempt - 1), "requeued more than once"
 
     # The run finishes; no system requeue spent the failure budget.
     wait_for(lambda: f"model-{MAX_STEPS}" in (logdir / "checkpoint").read_text(), 600, "the run's last checkpoint")
