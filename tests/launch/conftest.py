@@ -1,5 +1,5 @@
-"""Fixtures shared by the launch tests: a local "COCO site" (the stack stand-in is in
-tests/aws_fakes.py, sagemaker_env in tests/conftest.py)."""
+"""Fixtures shared by the launch tests: a local "COCO site" and the emulated Slurm cluster (the stack
+stand-in is in tests/aws_fakes.py, sagemaker_env and emulated_hosts in tests/conftest.py)."""
 import functools
 import hashlib
 import http.server
@@ -12,6 +12,9 @@ import pytest
 
 from launch.staging import download as dl
 from training.data import synthetic
+
+from emulated_cluster import missing_slurm, start_slurm_cluster
+from machine import require
 
 
 @pytest.fixture(scope="module")
@@ -50,3 +53,10 @@ def coco_site(tmp_path_factory):
     server.shutdown()
 
 
+
+
+@pytest.fixture
+def slurm_cluster(emulated_hosts, tmp_path):
+    """Three emulated nodes running the cluster's Slurm, all idle (emulated_cluster.SlurmCluster)."""
+    require(missing_slurm())
+    return start_slurm_cluster(emulated_hosts, tmp_path)

@@ -9,8 +9,12 @@ What stands in for what cannot run here:
   and as "Spot Instance interruption notices" documents spot/instance-action: absent (404) until
   EC2 schedules the interruption, then {"action": "terminate", "time": "2017-09-18T08:22:00Z"};
 - slurmctld: none runs here. Where a test needs Slurm to answer, a recorder takes the argv lists
-  and answers squeue with job ids; the failure tests run the real scontrol and squeue against a
-  slurm.conf whose controller port has nothing listening;
+  and answers squeue with job ids (what they show: the drain comes first, each running job is
+  requeued once, the watcher acts once per notice); the failure tests run the real scontrol and
+  squeue against a slurm.conf whose controller port has nothing listening. What Slurm makes of the
+  commands is asserted against real slurmctld and slurmd in tests/launch/test_cluster_faults.py,
+  where the watcher's command runs on an emulated node: the node DRAIN with the notice as its
+  reason, the job requeued (scontrol show job: Restarts up by one, JobState);
 - EC2's DescribeCapacityReservations, which moto lacks: responses written from the API reference in
   tests/launch/recorded_aws/; DescribeInstances of an instance in a Capacity Block (moto never sets
   CapacityReservationId): INSTANCE_IN_BLOCK below, in the API reference's element names;
