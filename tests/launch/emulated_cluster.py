@@ -18,7 +18,6 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
-
 from launch.cluster.job import MIN_STOP_GRACE_S
 from training.configs import cpu_synthetic
 
