@@ -107,16 +107,17 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     # argparse names the program after argv[0] where a module sets no prog of its own.
     sys.argv = [f"{PROG} {name}", *rest]
+    # The trainer's modules import TensorFlow once their arguments are read (--help needs none of
+    # it), so a missing trainer install shows at the import or inside main.
     try:
         module = importlib.import_module(command.module)
+        status = module.main([*command.args, *rest])
     except ModuleNotFoundError as missing:
         if (missing.name or "").partition(".")[0] not in TRAINER_IMPORTS:
             raise
         print(f"{PROG}: error: `{PROG} {name}` runs the trainer, which this install lacks (no module "
               f"{missing.name!r}): python -m pip install -c constraints.txt -e '.[train]'", file=sys.stderr)
         return 2
-    try:
-        status = module.main([*command.args, *rest])
     except SystemExit as done:       # argparse's --help and usage errors end this way
         if done.code == 0 and ("-h" in rest or "--help" in rest):
             print(f"\nexample: {command.example}")

@@ -148,6 +148,14 @@ def moto_in_process(sagemaker_env, monkeypatch):
     server.stop()
 
 
+@pytest.fixture(scope="session")
+def untrained_model(tmp_path_factory):
+    """tests/saved_models.py's synthetic data, untrained run and its SavedModel, built once per session
+    and shared by every xdist worker (tests/shared_artifacts.py): read-only, copy what a test changes."""
+    from saved_models import shared_untrained_model
+    return shared_untrained_model(tmp_path_factory)
+
+
 @pytest.fixture
 def emulated_hosts(tmp_path, request):
     """Factory for emulated hosts (tests/emulated_hosts.py): ``emulated_hosts({name: address}, private=...,

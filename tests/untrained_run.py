@@ -5,6 +5,7 @@ detection (TEST.RESULT_SCORE_THRESH=0), so even random weights give detections t
 Building the graph turns eager execution off, so it runs in a process of its own:
 ``python -c SAVE_UNTRAINED_RUN DATA_DIR LOG_DIR`` (or :func:`save_untrained_run`).
 """
+import json
 import os
 import subprocess
 import sys
@@ -38,7 +39,8 @@ with tf1.Session() as sess:
     # 0.5 threshold), so any two correct ways of pasting a mask would disagree on most of its pixels.
     (predictor,) = [v for v in tf1.global_variables() if v.op.name == "maskrcnn/conv/W"]
     sess.run(predictor.assign(predictor * 30))
-    tf1.train.Saver().save(sess, logdir + "/model-1")
+    # entries relative to the log dir, as tensorpack's ModelSaver writes them: a copied log dir works
+    tf1.train.Saver(save_relative_paths=True).save(sess, logdir + "/model-1")
 with open(logdir + "/config.json", "w") as f:
     json.dump({**cfg.to_dict(), "_category_ids": split.contiguous_to_coco_id}, f)
 """
@@ -51,6 +53,35 @@ def python_env() -> dict:
 def run_python(*args, cwd=REPO, timeout=600) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, *map(str, args)], cwd=cwd, env=python_env(), capture_output=True,
                           text=True, timeout=timeout)
+
+
+# MODULE.main(argv) for each argv in turn, in one interpreter (TensorFlow imported once, not once a
+# case): exit status, stdout and stderr per case, as JSON on the last line. A SystemExit ends a case
+# as it ends `python -m MODULE`: its code, or status 1 with its message on stderr.
+_MAIN_PER_CASE = """
+import contextlib, importlib, io, json, sys
+main = importlib.import_module(sys.argv[1]).main
+results = []
+for argv in json.loads(sys.argv[2]):
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(argv)
+        except SystemExit as done:
+            code = done.code if isinstance(done.code, int) or done.code is None else 1
+            if not isinstance(done.code, int) and done.code is not None:
+                print(done.code, file=sys.stderr)
+    results.append({"code": code or 0, "stdout": out.getvalue(), "stderr": err.getvalue()})
+print(json.dumps(results))
+"""
+
+
+def run_mains(module: str, argvs, *, cwd=REPO) -> list[dict]:
+    """``python -m MODULE ARGV`` for each argv, as ``MODULE.main(argv)`` calls in one interpreter:
+    ``{"code", "stdout", "stderr"}`` per argv."""
+    proc = run_python("-c", _MAIN_PER_CASE, module, json.dumps([[str(a) for a in argv] for argv in argvs]), cwd=cwd)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return json.loads(proc.stdout.splitlines()[-1])
 
 
 def save_untrained_run(data: Path, logdir: Path, *, cwd: Path) -> None:

@@ -22,7 +22,8 @@ import multiprocessing
 import os
 import sys
 
-from training.compat import tf, tf1, use_graph_mode
+# TensorFlow is imported once the arguments are read: `--help` and usage errors answer at once,
+# without the seconds TensorFlow takes to load.
 
 
 def parse_args(argv=None):
@@ -77,6 +78,7 @@ def resolve_weights(path: str, basedir: str, key: str) -> str:
     """An existing checkpoint prefix or .npz for ``key``; relative names are also looked up in DATA.BASEDIR."""
     if not path:
         return ""
+    from training.compat import tf
     from training.config import ConfigError
     candidates = [path] if os.path.isabs(path) else [path, os.path.join(basedir, path)]
     for c in candidates:
@@ -101,6 +103,7 @@ def pretrained_init(path: str):
 def session_config(cfg, local_size: int):
     from tensorpack.tfutils.sesscreate import NewSessionCreator
     from tensorpack.tfutils.common import get_default_sess_config
+    from training.compat import tf
     conf = get_default_sess_config()
     threads = max(1, multiprocessing.cpu_count() // max(local_size, 1))
     conf.intra_op_parallelism_threads = threads  # don't oversubscribe the cores shared by local ranks
@@ -124,6 +127,7 @@ def main(argv=None) -> int:
     # training stops at a step boundary with a checkpoint instead of dying (training/stopping.py).
     stopping.install_handler()
     args = parse_args(argv)
+    from training.compat import tf, tf1, use_graph_mode
     use_graph_mode()
     import horovod.tensorflow as hvd
     from tensorpack import QueueInput, StagingInput, TrainConfig, launch_train_with_config, logger as tp_logger

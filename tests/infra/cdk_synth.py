@@ -112,6 +112,20 @@ def synthesize(tmp_dir: Path, overrides: dict[str, Any] | None = None, *,
     credentials; None, as offline."""
     import aws_cdk as cdk
 
+    context = _app_context(overrides, settings_file)
+    app = cdk.App(context=context, outdir=str(tmp_dir))
+    stacks = load_app_module().build(app, env=env)
+    return _synthesized(app.synth(), context, tmp_dir, stacks)   # synth raises on an unacknowledged finding
+
+
+def read_synthesized(outdir: Path, overrides: dict[str, Any] | None = None) -> Synthesized:
+    """What :func:`synthesize` returned for ``overrides`` into ``outdir``, read back from the cloud
+    assembly it wrote there (no app objects: ``stacks`` is None)."""
+    from aws_cdk import cx_api
+    return _synthesized(cx_api.CloudAssembly(str(outdir)), _app_context(overrides, None), outdir, None)
+
+
+def _app_context(overrides, settings_file) -> dict[str, Any]:
     from infra import settings
 
     named = settings_file if settings_file and settings_file.exists() else None
@@ -119,18 +133,19 @@ def synthesize(tmp_dir: Path, overrides: dict[str, Any] | None = None, *,
     # depend on whether the machine running the tests has Docker. A test of another mode or of
     # `auto` says so in its overrides or settings file.
     fixed = {} if "image_build" in settings.read_file(named) else {"image_build": "local"}
-    context = {**cdk_json_context(), "settings_file": str(named) if named else settings.NO_FILE,
-               **fixed, **(overrides or {})}
-    app = cdk.App(context=context, outdir=str(tmp_dir))
-    stacks = load_app_module().build(app, env=env)
-    assembly = app.synth()   # raises if cdk-nag reports an unacknowledged finding
+    return {**cdk_json_context(), "settings_file": str(named) if named else settings.NO_FILE,
+            **fixed, **(overrides or {})}
+
+
+def _synthesized(assembly, context, outdir: Path, stacks) -> Synthesized:
+    from infra import settings
+
     templates = {stack.id: stack.template for stack in assembly.stacks}
     stack_names = {stack.id: stack.stack_name for stack in assembly.stacks}
     # The settings in effect: defaults, the settings file, then the overrides.
     config = settings.resolve(context).config
-    context = {key: getattr(config, key) for key in settings.SETTINGS}
-    return Synthesized(context=context, outdir=tmp_dir, templates=templates,
-                       stack_names=stack_names, stacks=stacks,
+    return Synthesized(context={key: getattr(config, key) for key in settings.SETTINGS}, outdir=outdir,
+                       templates=templates, stack_names=stack_names, stacks=stacks,
                        missing_context={m["key"]: m["provider"] for m in json.loads(
                            (Path(assembly.directory) / "manifest.json").read_text()).get("missing", [])})
 

@@ -44,8 +44,8 @@ G5_RESERVATION_GROUP = {"instance_type": "g5.48xlarge", "efa": "true",
 
 
 @pytest.fixture(scope="module")
-def p5_block_synth(tmp_path_factory):
-    return synthesize(tmp_path_factory.mktemp("cdk-p5-block"), P5_CAPACITY_BLOCK)
+def p5_block_synth(synth_of):
+    return synth_of(P5_CAPACITY_BLOCK)   # also test_infra_checks.py's
 
 
 @pytest.fixture(scope="module")
@@ -59,8 +59,8 @@ def p4d_no_efa_synth(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def g5_group_synth(tmp_path_factory):
-    return synthesize(tmp_path_factory.mktemp("cdk-g5-group"), G5_RESERVATION_GROUP)
+def g5_group_synth(synth_of):
+    return synth_of(G5_RESERVATION_GROUP)   # also test_infra_checks.py's
 
 
 def launch_templates(synth) -> dict[str, dict]:

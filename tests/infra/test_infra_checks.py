@@ -14,7 +14,7 @@ from infra import outputs
 from infra.userdata import USERDATA_DIR
 
 from cdk_synth import (REPO_ROOT, VARIANT_CONTEXT, cdk_json_context, cfn_lint_problems, failing_reports,
-                       load_app_module, synthesize)
+                       load_app_module)
 from test_infra_capacity import G5_RESERVATION_GROUP, P5_CAPACITY_BLOCK
 from test_infra_spot import SPOT
 
@@ -86,9 +86,9 @@ def test_cdk_default_validation_rules_fail_synth():
     assert cdk_json_context()[DEFAULT_RULES_AS_ERRORS] is True
 
 
-# The deployments whose templates must pass every check: each is synthesized once here (default
-# and VARIANT_CONTEXT by the session fixtures), under cdk-nag, cdk-preflight in enforce mode and
-# CDK's default rules as errors.
+# The deployments whose templates must pass every check: each is synthesized once per session
+# (the `synth_of` fixture, shared with the other files that read them), under cdk-nag,
+# cdk-preflight in enforce mode and CDK's default rules as errors.
 VARIANTS = {
     # p4d.24xlarge with EFA on its 4 cards, FSx for Lustre, a name prefix, an alerts email ...
     "p4d-efa-fsx-prefix": VARIANT_CONTEXT,
@@ -102,14 +102,9 @@ VARIANTS = {
 
 
 @pytest.mark.parametrize("variant", ["default", *VARIANTS])
-def test_the_default_deployment_and_its_variants_pass_every_synth_check(
-        request, tmp_path, variant):
-    if variant == "default":
-        synth = request.getfixturevalue("default_synth")
-    elif variant == "p4d-efa-fsx-prefix":
-        synth = request.getfixturevalue("variant_synth")
-    else:
-        synth = synthesize(tmp_path, VARIANTS[variant])   # raises on any finding
+def test_the_default_deployment_and_its_variants_pass_every_synth_check(synth_of, variant):
+    # the synthesis raises on any finding; the variants other files read are synthesized once for all
+    synth = synth_of({} if variant == "default" else VARIANTS[variant])
     assert failing_reports(synth.outdir) == []
     assert set(synth.templates) == set(STACKS)
 

@@ -17,7 +17,7 @@ from infra import outputs
 from infra.config import AppConfig, ConfigError
 from infra.constructs.cluster import NodeSpec, spot_overrides
 
-from cdk_synth import cfn_lint_problems, synthesize
+from cdk_synth import cfn_lint_problems
 
 CLUSTER = outputs.EFS_CLUSTER_STACK
 SPOT = {"worker_spot": "true", "spot_max_price": "12.5", "worker_count": "2"}
@@ -35,8 +35,8 @@ def launch_templates(synth) -> dict[str, dict]:
 
 
 @pytest.fixture(scope="module")
-def spot_synth(tmp_path_factory):
-    return synthesize(tmp_path_factory.mktemp("cdk-spot"), SPOT)
+def spot_synth(synth_of):
+    return synth_of(SPOT)   # also test_infra_checks.py's
 
 
 def test_the_workers_request_spot_and_the_master_stays_on_demand(spot_synth):

@@ -2,6 +2,7 @@
 scripts/install.sh makes): every subcommand answers --help with its own usage and an example, and
 bad input ends with one clear line and a non-zero status. Each subcommand's behaviour is tested
 with its module."""
+import json
 import re
 import subprocess
 import sys
@@ -57,12 +58,44 @@ def test_version_is_the_one_pyproject_declares():
     assert result.returncode == 0 and result.stdout == f"maskrcnn {declared}\n", result
 
 
-def test_a_trainer_command_without_the_trainer_names_the_install_it_needs():
+def test_a_trainer_command_without_the_trainer_names_the_install_it_needs(tmp_path):
     """As in the client install (no TensorFlow): one line naming the missing module and the extra."""
     code = ("import sys; sys.modules['tensorflow'] = None; from launch.cli import main; "
-            "sys.exit(main(['train', '--help']))")
+            f"sys.exit(main(['train', '--logdir', {str(tmp_path / 'run')!r}, '--preset', 'cpu_synthetic']))")
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True,
                             timeout=120)
     assert result.returncode == 2 and result.stdout == "", result
     assert result.stderr == ("maskrcnn: error: `maskrcnn train` runs the trainer, which this install lacks "
                              "(no module 'tensorflow'): python -m pip install -c constraints.txt -e '.[train]'\n")
+    assert not (tmp_path / "run").exists()
+
+
+# Help for every trainer command, in one interpreter where TensorFlow, tensorpack and Horovod cannot
+# be imported: the arguments are read before any of them loads.
+_HELP_WITHOUT_THE_TRAINER = """
+import contextlib, io, json, sys
+for blocked in ("tensorflow", "tensorpack", "horovod"):
+    sys.modules[blocked] = None
+from launch.cli import main
+results = {}
+for name in sys.argv[1:]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main([name, "--help"])
+        except SystemExit as done:
+            code = done.code
+    results[name] = {"code": code, "stdout": out.getvalue(), "stderr": err.getvalue()}
+print(json.dumps(results))
+"""
+
+
+def test_trainer_commands_answer_help_without_loading_tensorflow():
+    names = ["train", "predict", "evaluate", "export"]
+    result = subprocess.run([sys.executable, "-c", _HELP_WITHOUT_THE_TRAINER, *names], cwd=REPO_ROOT,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    answers = json.loads(result.stdout.splitlines()[-1])
+    for name in names:
+        assert answers[name]["code"] == 0, (name, answers[name]["stderr"])
+        assert answers[name]["stdout"].startswith(f"usage: maskrcnn {name}"), (name, answers[name]["stdout"][:200])

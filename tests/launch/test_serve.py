@@ -17,7 +17,7 @@ import requests
 from pycocotools import mask as mask_utils
 
 from aws_fakes import free_port
-from saved_models import REPO, export_untrained_model, python_env, run_python
+from saved_models import REPO, python_env, run_python
 
 ENTRYPOINT = REPO / "docker" / "entrypoint.sh"
 MAX_BYTES, MAX_PIXELS = 100_000, 1_000_000     # small limits, so that the tests' oversized images are small
@@ -70,8 +70,8 @@ def stop_server(proc: subprocess.Popen) -> None:
 
 
 @pytest.fixture(scope="module")
-def exported(tmp_path_factory):
-    return export_untrained_model(tmp_path_factory.mktemp("serve"))
+def exported(untrained_model):
+    return untrained_model
 
 
 @pytest.fixture(scope="module")

@@ -2,12 +2,11 @@
 each line checked against the embedded metric format's published schema and rules
 (tests/cloudwatch_emf.py), the metrics extracted per dimension set, the values compared with what
 the steps' losses make by hand. A real tensorpack loop produces them (a toy model whose loss is
-read from its data); the slow test runs the trainer itself."""
+read from its data). The records of a run of the trainer itself are checked with the other
+checks of that run, in test_train_run.py."""
 from __future__ import annotations
 
-import json
 import math
-import re
 
 import pytest
 
@@ -132,30 +131,3 @@ def test_run_status():
     assert cwm.run_status(failed=True, step=10, max_steps=10) == metrics.RUN_FAILED
     assert cwm.run_status(failed=False, step=10, max_steps=10) == metrics.RUN_FINISHED
     assert cwm.run_status(failed=False, step=9, max_steps=10) == metrics.RUN_STOPPED
-
-
-@pytest.mark.slow
-def test_a_training_run_writes_its_records_and_sagemakers_progress_lines(tiny_dataset, tmp_path, monkeypatch):
-    from test_train_run import run_module, train_args
-    logdir, tensorboard = tmp_path / "run-7", tmp_path / "tensorboard"
-    monkeypatch.setenv(cwm.DEPLOYMENT_ENV, DEPLOYMENT)
-    monkeypatch.setenv(cwm.TENSORBOARD_DIR_ENV, str(tensorboard))
-    proc = run_module("training.train", *train_args(logdir, tiny_dataset, 2))
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    records = [parse_emf_line(line) for line in (logdir / cwm.EMF_FILE).read_text().splitlines()]
-    emitted = {name for r in records for name in _values(r)}
-    # Every loss of the model (a mask model: maskrcnn_loss too), the COCO figures, the end.
-    assert set(metrics.LOSS_METRICS) <= emitted
-    assert set(metrics.EVALUATION_METRICS) <= emitted
-    assert _values(records[-1]) == {metrics.RUN_FINISHED: 1, metrics.RUN_ACTIVE: 0, metrics.STEP: 4}
-    assert all(r[metrics.RUN_DIMENSION] == "run-7" for r in records)
-    # SageMaker's progress metrics read numbers from the real progress lines; a CPU run without
-    # nvidia-smi or mixed precision has no GPU or loss-scale figures (tests/training/test_gpu_metrics.py).
-    for definition in metrics.PROGRESS_METRIC_DEFINITIONS:
-        values = [m.group(1) for line in proc.stdout.splitlines() if (m := re.fullmatch(definition["Regex"], line))]
-        if definition["Name"] in (metrics.IMAGES_PER_SECOND, metrics.LEARNING_RATE):
-            assert values and all(math.isfinite(float(v)) for v in values), definition["Name"]
-        else:
-            assert values == [], definition["Name"]
-    assert list(tensorboard.glob("events.out.tfevents.*"))
-    assert json.loads((logdir / "config.json").read_text())["TRAIN"]["MAX_STEPS"] == 4

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from pycocotools import mask as mask_utils
 
-from saved_models import export_untrained_model, run_python
+from saved_models import run_python
 
 # Plain TensorFlow and NumPy: what a client of the export has (no project code on the path).
 LOAD_AND_DETECT = """
@@ -29,8 +29,8 @@ np.savez(sys.argv[3], **out)
 
 
 @pytest.fixture(scope="module")
-def exported(tmp_path_factory):
-    return export_untrained_model(tmp_path_factory.mktemp("export"))
+def exported(untrained_model):
+    return untrained_model
 
 
 @pytest.fixture(scope="module")

@@ -191,7 +191,7 @@ def test_ctrl_c_stops_the_workers(tmp_path, data_dir):
 
 
 def test_workers_die_with_a_killed_parent_and_never_load_tensorflow(tmp_path, data_dir):
-    # the main module imports TensorFlow at its top, as training.train does
+    # the main module imports TensorFlow at its top: the workers still never load it
     child = _start_child(tmp_path, data_dir, preamble="from training.compat import tf  # noqa", module="tf_main")
     try:
         workers = child_pids(child.pid)

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 from pycocotools import mask as mask_utils
 
-from saved_models import export_untrained_model, run_python
+from saved_models import run_python
+from untrained_run import run_mains
 from test_export import LOAD_AND_DETECT
 
 # The untrained run's model (tests/untrained_run.py): the cpu_synthetic config at 64 px.
@@ -34,14 +35,14 @@ def write_tensorpack_npz(checkpoint: str, path, cfg) -> dict:
 
 
 @pytest.fixture(scope="module")
-def model_file(tmp_path_factory):
+def model_file(untrained_model, tmp_path_factory):
     from training.config import finalize, new_config
     from training.data.coco import load_split
-    exported = export_untrained_model(tmp_path_factory.mktemp("run"))
+    exported = untrained_model
     cfg = new_config()
     cfg.update_args(_overrides(exported.data))
     finalize(cfg, num_ranks=1, class_names=load_split(exported.data, "train2017").class_names, has_gpu=False)
-    path = exported.run.parent / "model.npz"
+    path = tmp_path_factory.mktemp("model_file") / "model.npz"
     values = write_tensorpack_npz(str(exported.run / "model-1"), path, cfg)
     assert "fastrcnn/outputs/class/b:0" in values and values["fastrcnn/outputs/class/b:0"].shape == (4,)
     return exported, path
@@ -53,19 +54,20 @@ def test_predict_and_export_take_a_model_file(model_file, tmp_path):
     config = ["--config", *_overrides(exported.data)]
     images = exported.data / "val2017"
 
+    # The three predictions in one interpreter (each builds its own graph and session).
+    refused, from_run, from_file = run_mains("training.predict", [
+        ["--checkpoint", npz, "--images", images, "--output", tmp_path / "none.json", *config],
+        ["--checkpoint", exported.run, "--split", "val2017", "--output", tmp_path / "run.json",
+         "--config", f"DATA.BASEDIR={str(exported.data)!r}"],
+        ["--checkpoint", npz, "--split", "val2017", "--output", tmp_path / "file.json", *config]])
     # Its classes: the file has 4 class outputs, not COCO's 81, so the dataset must say which.
-    refused = run_python("-m", "training.predict", "--checkpoint", npz, "--images", images,
-                         "--output", tmp_path / "none.json", *config)
-    assert refused.returncode != 0
+    assert refused["code"] != 0
     assert f"{npz} classifies 3 categories, not COCO's 80: name the dataset it was trained on with --split NAME" \
-        in refused.stderr, refused.stderr[-2000:]
+        in refused["stderr"], refused["stderr"][-2000:]
+    assert not (tmp_path / "none.json").exists()
 
-    from_run = run_python("-m", "training.predict", "--checkpoint", exported.run, "--split", "val2017",
-                          "--output", tmp_path / "run.json", "--config", f"DATA.BASEDIR={str(exported.data)!r}")
-    assert from_run.returncode == 0, from_run.stderr[-3000:]
-    from_file = run_python("-m", "training.predict", "--checkpoint", npz, "--split", "val2017",
-                           "--output", tmp_path / "file.json", *config)
-    assert from_file.returncode == 0, from_file.stderr[-3000:]
+    assert from_run["code"] == 0, from_run["stderr"][-3000:]
+    assert from_file["code"] == 0, from_file["stderr"][-3000:]
     run_results = json.loads((tmp_path / "run.json").read_text())
     file_results = json.loads((tmp_path / "file.json").read_text())
     assert len(run_results) > 0 and file_results == run_results

@@ -34,21 +34,20 @@ def test_log_dir_without_checkpoint_is_a_clear_error(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-def test_predict_command_on_a_relative_log_dir_prints_no_grappler_warnings(tmp_path):
+def test_predict_command_on_a_relative_log_dir_prints_no_grappler_warnings(untrained_model, tmp_path):
     """`maskrcnn predict --checkpoint runs/r1 ... --evaluate` as the README shows it: finds
     the checkpoint, writes results, prints the mAP table with the AP of each class, and stderr holds
     no cost-model warning per CropAndResize."""
     import json
-    from training.data.synthetic import SyntheticSpec, generate
-    from untrained_run import run_python, save_untrained_run
-    generate(tmp_path / "data", SyntheticSpec(train=2, val=2, size=64, min_object_size=12, max_object_size=32))
-    save_untrained_run(tmp_path / "data", "runs/r1", cwd=tmp_path)
+    import shutil
+    from untrained_run import run_python
+    shutil.copytree(untrained_model.run, tmp_path / "runs" / "r1")   # the untrained run (tests/saved_models.py)
     proc = run_python("-m", "training.predict", "--checkpoint", "runs/r1", "--split", "val2017", "--output", "results.json",
                       "--evaluate", cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert "PredictCost" not in proc.stderr and "op_level_cost_estimator" not in proc.stderr, proc.stderr[-3000:]
     results = json.loads((tmp_path / "results.json").read_text())
-    assert results and {r["image_id"] for r in results} <= {1, 2} and all("segmentation" in r for r in results)
+    assert results and {r["image_id"] for r in results} <= {1, 2, 3, 4} and all("segmentation" in r for r in results)
     table = proc.stdout[proc.stdout.index("AP per class"):].splitlines()
     assert table[0].split()[-2:] == ["bbox", "segm"]
     assert {row.split()[0] for row in table[2:5]} == {"circle", "square", "triangle"}

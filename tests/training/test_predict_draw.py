@@ -2,6 +2,7 @@
 ``training.predict --draw`` writes every image with its detections; batched prediction gives each
 image the detections it gets alone."""
 import json
+import shutil
 
 import cv2
 import numpy as np
@@ -90,38 +91,37 @@ CROPS = {"a.png": (0, 64, 0, 64), "b.png": (0, 64, 0, 48), "c.png": (0, 48, 0, 6
 
 
 @pytest.fixture(scope="module")
-def run_and_images(tmp_path_factory):
-    from training.data.synthetic import SyntheticSpec, generate
-    from untrained_run import save_untrained_run
+def run_and_images(untrained_model, tmp_path_factory):
+    """A folder with the untrained run (tests/saved_models.py) in runs/r1, as a user's, and the crops in images/."""
     root = tmp_path_factory.mktemp("predict_draw")
-    generate(root / "data", SyntheticSpec(train=2, val=4, size=64, min_object_size=12, max_object_size=32))
-    save_untrained_run(root / "data", root / "runs" / "r1", cwd=root)
+    shutil.copytree(untrained_model.run, root / "runs" / "r1")
     (root / "images").mkdir()
     for n, (name, (y0, y1, x0, x1)) in enumerate(CROPS.items(), start=1):
-        source = cv2.imread(str(root / "data" / "val2017" / f"{n:012d}.png"))
+        source = cv2.imread(str(untrained_model.data / "val2017" / f"{n:012d}.png"))
         crop = source[y0:y1, x0:x1]
         cv2.imwrite(str(root / "images" / name), cv2.resize(crop, None, fx=4, fy=4, interpolation=cv2.INTER_NEAREST))
     return root
 
 
 def test_predict_draws_each_image_with_its_detections(run_and_images):
-    from untrained_run import run_python
+    from untrained_run import run_mains
     root = run_and_images
     # an untrained model scores everything alike (about 1 / 4 over background and 3 classes): a
     # threshold at the best score draws exactly one detection, so the other images stay as they were
-    probe = run_python("-m", "training.predict", "--checkpoint", "runs/r1", "--images", "images",
-                       "--output", "all.json", "--batch-size", "3", cwd=root)
-    assert probe.returncode == 0, probe.stderr[-3000:]
+    (probe,) = run_mains("training.predict", [["--checkpoint", "runs/r1", "--images", "images",
+                                               "--output", "all.json", "--batch-size", "3"]], cwd=root)
+    assert probe["code"] == 0, probe["stderr"][-3000:]
     results = json.loads((root / "all.json").read_text())
     best = max(results, key=lambda r: r["score"])
-    proc = run_python("-m", "training.predict", "--checkpoint", "runs/r1", "--images", "images", "--draw", "drawn",
-                      "--score-threshold", str(best["score"] - 1e-6), "--batch-size", "3", cwd=root)
-    first = run_python("-m", "training.predict", "--checkpoint", "runs/r1", "--images", "images", "--draw", "first",
-                       "--max-images", "2", cwd=root)
-    assert first.returncode == 0, first.stderr[-3000:]
+    # the drawing runs, in one interpreter
+    proc, first = run_mains("training.predict", [
+        ["--checkpoint", "runs/r1", "--images", "images", "--draw", "drawn",
+         "--score-threshold", str(best["score"] - 1e-6), "--batch-size", "3"],
+        ["--checkpoint", "runs/r1", "--images", "images", "--draw", "first", "--max-images", "2"]], cwd=root)
+    assert first["code"] == 0, first["stderr"][-3000:]
     assert sorted(p.name for p in (root / "first").iterdir()) == ["a.png", "b.png"]    # file-name order
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "on 4 images in drawn" in proc.stdout
+    assert proc["code"] == 0, proc["stderr"][-3000:]
+    assert "on 4 images in drawn" in proc["stdout"]
     assert sorted(p.name for p in (root / "drawn").iterdir()) == sorted(CROPS)
     for name in CROPS:
         source = cv2.imread(str(root / "images" / name))

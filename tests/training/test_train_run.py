@@ -5,15 +5,22 @@ way horovodrun starts it. Module-scoped: the first run's log dir feeds resume an
 """
 import hashlib
 import json
+import math
 import os
 import re
 import subprocess
 import sys
+from collections import namedtuple
 from pathlib import Path
 
 import pytest
 
+from cloudwatch_emf import parse_emf_line
+from test_cloudwatch_metrics import DEPLOYMENT, _values
+from training import cloudwatch_metrics as cwm
+from training import metrics
 from training.metrics import EVALUATION_METRICS, TRAINING_METRICS, metric_regex
+from untrained_run import run_mains   # MODULE.main(argv) per case, in one interpreter
 
 REPO = Path(__file__).resolve().parents[2]
 # 4 images an epoch at 2 images a step: 2 steps an epoch (a run of 2 epochs ends at step 4, its
@@ -24,37 +31,15 @@ TINY = [f"TRAIN.IMAGES_PER_EPOCH={2 * STEPS_PER_EPOCH}", "TRAIN.LOG_PERIOD=1", "
         "RPN.TRAIN_PER_LEVEL_NMS_TOPK=100", "RPN.TEST_PER_LEVEL_NMS_TOPK=100"]
 
 
-def run_python(*args, timeout=600):
+def run_python(*args, timeout=600, env=None):
     env = dict(os.environ, TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1",
-               PYTHONPATH=str(REPO))
+               PYTHONPATH=str(REPO), **(env or {}))
     return subprocess.run([sys.executable, *args], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=timeout)
 
 
-def run_module(module, *args, timeout=600):
-    return run_python("-m", module, *args, timeout=timeout)
-
-
-# MODULE.main(argv) for each argv in turn, in one interpreter (TensorFlow and Horovod imported once,
-# not once a case): exit status, stdout and stderr per case, as JSON on the last line.
-_MAIN_PER_CASE = """
-import contextlib, importlib, io, json, sys
-main = importlib.import_module(sys.argv[1]).main
-results = []
-for argv in json.loads(sys.argv[2]):
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main(argv)
-    results.append({"code": code, "stdout": out.getvalue(), "stderr": err.getvalue()})
-print(json.dumps(results))
-"""
-
-
-def run_mains(module, argvs):
-    """``python -m MODULE ARGV`` for each argv, as ``MODULE.main(argv)`` calls in one interpreter."""
-    proc = run_python("-c", _MAIN_PER_CASE, module, json.dumps(argvs))
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return json.loads(proc.stdout.splitlines()[-1])
+def run_module(module, *args, timeout=600, env=None):
+    return run_python("-m", module, *args, timeout=timeout, env=env)
 
 
 def train_args(logdir, data, epochs, *extra):
@@ -62,17 +47,24 @@ def train_args(logdir, data, epochs, *extra):
             f"TRAIN.LR_EPOCH_SCHEDULE=[(1, 0.5), ({epochs}, None)]", *TINY, *extra]
 
 
+Trained = namedtuple("Trained", "logdir stdout emf_lines tensorboard")
+
+
 @pytest.fixture(scope="module")
 def trained(tiny_dataset, tmp_path_factory):
-    logdir = tmp_path_factory.mktemp("run") / "log"
-    proc = run_module("training.train", *train_args(logdir, tiny_dataset, 2))
+    """The first run, of a named deployment: rank 0 also writes CloudWatch records and a TensorBoard
+    copy. Its records are read now, before the resume tests train on in the same log dir."""
+    root = tmp_path_factory.mktemp("run")
+    logdir, tensorboard = root / "run-7", root / "tensorboard"
+    proc = run_module("training.train", *train_args(logdir, tiny_dataset, 2),
+                      env={cwm.DEPLOYMENT_ENV: DEPLOYMENT, cwm.TENSORBOARD_DIR_ENV: str(tensorboard)})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return logdir, proc.stdout
+    return Trained(logdir, proc.stdout, (logdir / cwm.EMF_FILE).read_text().splitlines(), tensorboard)
 
 
 @pytest.mark.slow
 def test_few_step_training_run_writes_checkpoint_events_metrics(trained):
-    logdir, out = trained
+    logdir, out = trained.logdir, trained.stdout
     last = 2 * STEPS_PER_EPOCH   # 2 epochs
     assert (logdir / "checkpoint").exists() and (logdir / f"model-{last}.index").exists()
     assert list(logdir.glob("events.out.tfevents.*")), "no TensorBoard events"
@@ -87,8 +79,31 @@ def test_few_step_training_run_writes_checkpoint_events_metrics(trained):
 
 
 @pytest.mark.slow
+def test_a_training_run_writes_its_records_and_sagemakers_progress_lines(trained):
+    """Rank 0's CloudWatch records (training/cloudwatch_metrics.py; the format's checks are in
+    test_cloudwatch_metrics.py) and the lines SageMaker's metric definitions read."""
+    records = [parse_emf_line(line) for line in trained.emf_lines]
+    emitted = {name for r in records for name in _values(r)}
+    # Every loss of the model (a mask model: maskrcnn_loss too), the COCO figures, the end.
+    assert set(metrics.LOSS_METRICS) <= emitted
+    assert set(metrics.EVALUATION_METRICS) <= emitted
+    assert _values(records[-1]) == {metrics.RUN_FINISHED: 1, metrics.RUN_ACTIVE: 0, metrics.STEP: 4}
+    assert all(r[metrics.RUN_DIMENSION] == "run-7" for r in records)
+    # SageMaker's progress metrics read numbers from the real progress lines; a CPU run without
+    # nvidia-smi or mixed precision has no GPU or loss-scale figures (tests/training/test_gpu_metrics.py).
+    for definition in metrics.PROGRESS_METRIC_DEFINITIONS:
+        values = [m.group(1) for line in trained.stdout.splitlines() if (m := re.fullmatch(definition["Regex"], line))]
+        if definition["Name"] in (metrics.IMAGES_PER_SECOND, metrics.LEARNING_RATE):
+            assert values and all(math.isfinite(float(v)) for v in values), definition["Name"]
+        else:
+            assert values == [], definition["Name"]
+    assert list(trained.tensorboard.glob("events.out.tfevents.*"))
+    assert json.loads((trained.logdir / "config.json").read_text())["TRAIN"]["MAX_STEPS"] == 4
+
+
+@pytest.mark.slow
 def test_resume_continues_at_the_saved_step(trained, tiny_dataset):
-    logdir, _ = trained
+    logdir = trained.logdir
     proc = run_module("training.train", *train_args(logdir, tiny_dataset, 3, "DATA.VAL=()"))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     saved, last = 2 * STEPS_PER_EPOCH, 3 * STEPS_PER_EPOCH
@@ -108,7 +123,7 @@ def test_resume_with_another_global_batch_continues_by_images_seen(trained, tiny
     """model-4 of the 2-image-a-step run (8 images seen) resumed at 1 image a step continues at step 8
     of the same 4-image epochs (the global step is set to it), and config.json records that model-4
     counts steps of 2 images."""
-    logdir, _ = trained
+    logdir = trained.logdir
     resumed = tmp_path / "log"
     resumed.mkdir()
     for f in [*logdir.glob("model-4.*"), logdir / "config.json"]:
@@ -132,7 +147,7 @@ def test_resume_with_another_global_batch_continues_by_images_seen(trained, tiny
 
 @pytest.mark.slow
 def test_load_model_fine_tunes_from_step_zero(trained, tiny_dataset, tmp_path):
-    logdir, _ = trained
+    logdir = trained.logdir
     # without a validation split: trains and saves, never evaluates (no predict tower is built)
     proc = run_module("training.train", *train_args(tmp_path / "ft", tiny_dataset, 2,
                                                      f"TRAIN.LOAD_MODEL={str(logdir)!r}", "DATA.VAL=()"))
@@ -150,17 +165,19 @@ def test_load_model_fine_tunes_from_step_zero(trained, tiny_dataset, tmp_path):
 
 @pytest.mark.slow
 def test_predict_writes_coco_results(trained, tiny_dataset, tmp_path):
-    logdir, _ = trained
+    logdir = trained.logdir
     out, out2 = tmp_path / "results.json", tmp_path / "folder.json"
     images = tmp_path / "images"
     images.mkdir()
     for p in sorted((tiny_dataset / "val2017").iterdir())[:2]:
         (images / p.name).write_bytes(p.read_bytes())
-    # a split, then a folder of images: both predictions in one interpreter
+    # a split, then a folder of images: both predictions in one interpreter. Four steps of training may
+    # score nothing above the default threshold: every detection is kept, so there are results to check.
+    keep_all = "TEST.RESULT_SCORE_THRESH=0.0"
     split_run, folder_run, no_ground_truth = run_mains("training.predict", [
         ["--checkpoint", str(logdir), "--split", "val2017", "--output", str(out), "--evaluate",
-         "--config", f"DATA.BASEDIR={str(tiny_dataset)!r}"],
-        ["--checkpoint", str(logdir), "--images", str(images), "--output", str(out2)],
+         "--config", f"DATA.BASEDIR={str(tiny_dataset)!r}", keep_all],
+        ["--checkpoint", str(logdir), "--images", str(images), "--output", str(out2), "--config", keep_all],
         ["--checkpoint", str(logdir), "--images", str(images), "--output", str(out2), "--evaluate"]])
     assert split_run["code"] == 0, split_run["stderr"][-3000:]
     for name in EVALUATION_METRICS:   # --evaluate: the lines training prints (and SageMaker reads)
@@ -168,16 +185,17 @@ def test_predict_writes_coco_results(trained, tiny_dataset, tmp_path):
     assert folder_run["code"] == 0 and no_ground_truth["code"] == 2
     assert "--evaluate needs --split" in no_ground_truth["stderr"]
     results = json.loads(out.read_text())
-    assert isinstance(results, list)
+    assert isinstance(results, list) and results, "no detections to check"
     from pycocotools.coco import COCO
     gt = COCO(str(tiny_dataset / "annotations" / "instances_val2017.json"))
     for r in results:
         assert set(r) >= {"image_id", "category_id", "bbox", "score", "segmentation"}
         assert r["image_id"] in gt.getImgIds() and r["category_id"] in gt.getCatIds()
-    if results:
-        gt.loadRes(results)
+    gt.loadRes(results)
+    assert {r["image_id"] for r in results} == set(gt.getImgIds())   # every image has detections
     assert folder_run["code"] == 0, folder_run["stderr"][-3000:]
-    assert all(r["file_name"] in {p.name for p in images.iterdir()} for r in json.loads(out2.read_text()))
+    folder_results = json.loads(out2.read_text())
+    assert {r["file_name"] for r in folder_results} == {p.name for p in images.iterdir()}
 
 
 BAD_INPUT = {

@@ -7,8 +7,8 @@ Why processes, and why started this way:
 * A worker is a fresh interpreter (``python -m training.data.workers``, fork + exec), never a
   fork of the trainer: the trainer holds TensorFlow, Horovod/MPI and CUDA state that a plain
   fork would copy half-alive. Not multiprocessing's ``spawn``/``forkserver`` either: their
-  children re-import the parent's ``__main__`` (``python -m training.train`` imports TensorFlow at
-  the top), so every worker would load TensorFlow. Here a worker imports only
+  children re-import the parent's ``__main__``, so a trainer module that imports TensorFlow at its
+  top would load it in every worker. Here a worker imports only
   ``training.data.batch_layout`` and what it needs (NumPy, OpenCV, pycocotools, no TensorFlow,
   no tensorpack).
 * Results never travel through a pipe: each batch is one anonymous shared-memory file
