@@ -15,8 +15,9 @@ install:
 synth: install
 	cdk synth --quiet
 
+# ARGS: local_job's options, e.g. ARGS="--np 1 --config TRAIN.SEED=1" (docs/training.md).
 demo: synth
-	$(PY) -m training.local_job
+	$(PY) -m training.local_job $(ARGS)
 
 test:
 	$(PY) -m pytest

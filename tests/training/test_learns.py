@@ -1,12 +1,13 @@
 """The learning gate: a small seeded Mask R-CNN trained for about 2 minutes must reach a stated AP50.
 
 Every other training test checks that the trainer runs (finite losses, metrics in range); this one
-checks that it learns. ``python -m training.train`` with the gate's settings (tests/training/learning_gate.py;
-one process, as the other training runs here; on the CPU with deterministic kernels on any host,
-learning_gate.environment) trains 1200 steps on a synthetic shapes dataset the test writes, evaluates
-the 100 validation images with COCOeval, and both bbox and segm mAP@0.5 in the run's
-eval_results.json must reach BAR_AP50; the segm AP50 must also beat the same detections with filled
-boxes as masks by BAR_MASK_MARGIN.
+checks that it learns. It runs the README's demo job as a user would, ``python -m training.local_job``
+(what ``make demo`` runs after ``cdk synth``, which tests/infra/test_infra_cli.py runs), with the gate's
+options (tests/training/learning_gate.py: one process, its dataset and settings; on the CPU with
+deterministic kernels on any host, learning_gate.environment). It trains 1200 steps on a synthetic
+shapes dataset the test writes, evaluates the 100 validation images with COCOeval, and both bbox and
+segm mAP@0.5 in the run's eval_results.json must reach BAR_AP50; the segm AP50 must also beat the same
+detections with filled boxes as masks by BAR_MASK_MARGIN; the job exits 0 (its own accuracy target).
 
 The bar and its margins (docs/training.md, "The learning gate"): five seeds (TRAIN.SEED and the
 dataset seed together; this test's is 42 / 0) reached bbox / segm AP50 0.724-0.755 / 0.675-0.721
@@ -48,16 +49,17 @@ def _gate_run(tmp_path):
     data = tmp_path / "shapes"
     generate(data, SyntheticSpec(**learning_gate.DATASET))
     logdir = tmp_path / "log"
-    # deterministic CPU kernels, GPUs hidden (learning_gate.environment says why)
+    # deterministic CPU kernels, GPUs hidden (learning_gate.environment says why); horovodrun hands
+    # its own environment to the processes it starts on this host
     env = learning_gate.environment(dict(os.environ, TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="2",
                                          PYTHONUNBUFFERED="1", PYTHONPATH=str(REPO)))
     start = time.time()
-    proc = subprocess.run([sys.executable, "-m", "training.train", "--logdir", str(logdir),
-                           "--config", *learning_gate.OVERRIDES, f"DATA.BASEDIR={str(data)!r}"],
+    # the demo's job (make demo), with the gate's options
+    proc = subprocess.run([sys.executable, "-m", "training.local_job", *learning_gate.local_job_args(data, logdir)],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=1200)
     wall = time.time() - start
     detections = tmp_path / "val_detections.json"
-    if proc.returncode == 0:   # the trained model's detections on the validation split, to re-score
+    if (logdir / "eval_results.json").exists():   # the trained model's detections on the validation split
         # inference only: no determinism flag (under it TensorFlow refuses the graph's unseeded random
         # ops, which inference never runs); the same CPU kernels, the same figures as the run's evaluation
         predict_env = {k: v for k, v in env.items() if k != "TF_DETERMINISTIC_OPS"}
@@ -81,7 +83,9 @@ def mask_head_margin(ground_truth, detections: list[dict]) -> tuple[float, float
 @pytest.mark.slow
 def test_model_learns_to_the_stated_ap50(tmp_path):
     proc, logdir, wall, data, detections = _gate_run(tmp_path)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    # the job trained and evaluated (its exit status, the demo's verdict, is checked below)
+    assert (logdir / "eval_results.json").exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "training.train" in proc.stdout and "horovodrun" in proc.stdout   # local_job's "running: ..." line
     final = json.loads((logdir / "eval_results.json").read_text())[-1]
     max_steps = json.loads((logdir / "config.json").read_text())["TRAIN"]["MAX_STEPS"]
     assert final["global_step"] == max_steps == 1200
@@ -100,6 +104,9 @@ def test_model_learns_to_the_stated_ap50(tmp_path):
     assert own - filled >= BAR_MASK_MARGIN, (
         f"the mask head does not beat filling each box: segm AP50 {own:.3f}, the same detections with "
         f"filled boxes {filled:.3f}, margin {own - filled:.3f} < {BAR_MASK_MARGIN} (docs/training.md)")
+    # the demo's own verdict on the same run: its accuracy target met, exit status 0
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "target mAP@0.5 >= 0.5 for bbox and segm" in proc.stdout
 
 
 def test_gate_runs_on_cpu_kernels_with_determinism_on_any_host():
@@ -141,6 +148,39 @@ def _local_job(tmp_path, monkeypatch, ap50: dict, minutes: float | None = None):
     if minutes is not None:
         monkeypatch.setattr(local_job, "TARGET_MINUTES", minutes)
     return local_job.main(["--data", str(data), "--logdir", str(logdir)])
+
+
+def test_the_gates_options_give_training_the_gates_config(tmp_path, monkeypatch):
+    """local_job with the gate's options starts one Horovod process whose config is the CPU preset
+    with the gate's settings over it, on the gate's dataset: the config the bar was measured with."""
+    import learning_gate
+    from training import local_job, train
+    from training.callbacks import EVAL_RESULTS_FILE
+    from training.configs import cpu_synthetic
+    data, logdir = tmp_path / "shapes", tmp_path / "log"
+    for split in ("train2017", "val2017"):
+        (data / "annotations").mkdir(parents=True, exist_ok=True)
+        (data / "annotations" / f"instances_{split}.json").write_text("{}")
+    started = []
+
+    def horovodrun(cmd, **_):
+        started.append(cmd)
+        logdir.mkdir()
+        (logdir / EVAL_RESULTS_FILE).write_text(json.dumps([{"epoch": 12, "global_step": 1200}]))
+        return 0
+
+    monkeypatch.setattr(local_job, "horovodrun", lambda: "horovodrun")
+    monkeypatch.setattr(local_job.subprocess, "call", horovodrun)
+    local_job.main(learning_gate.local_job_args(data, logdir))
+    [cmd] = started
+    assert cmd[:5] == ["horovodrun", "-np", "1", "-H", "localhost:1"]
+    args = train.parse_args(cmd[cmd.index("training.train") + 1:])
+    assert Path(args.logdir) == logdir.resolve()
+    config = train.build_config(args.config, preset=args.preset).to_dict()
+    gate = train.build_config(cpu_synthetic.OVERRIDES + learning_gate.OVERRIDES
+                              + [f"DATA.BASEDIR={str(data.resolve())!r}"]).to_dict()
+    assert config == gate
+    assert config["TRAIN"]["BATCH_SIZE_PER_GPU"] == 2 and config["DATA"]["NUM_WORKERS"] == 0
 
 
 def test_local_job_exits_1_below_the_accuracy_target(tmp_path, monkeypatch, capsys):
