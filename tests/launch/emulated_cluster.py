@@ -18,7 +18,6 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
-from launch.cluster.job import MIN_STOP_GRACE_S
 from training.configs import cpu_synthetic
 
 REPO = Path(__file__).resolve().parents[2]
@@ -104,10 +103,12 @@ import boto3, sys
     "AutoScalingInstances"]
 print(instance["HealthStatus"])
 """
-# The jobs' --stop-grace: the shortest the command takes (launch/cluster/job.py: a step and a checkpoint
-# save of a small model fit in it). This model's checkpoint saves in about a second (the default, 90 s,
-# is for COCO-sized ones), and a stopped or requeued attempt frees its nodes about this long later.
-STOP_GRACE = MIN_STOP_GRACE_S
+# The jobs' --stop-grace. This model's checkpoint saves in about a second (the default, 90 s, is for
+# COCO-sized ones), but the ranks get half the grace (Open MPI's kill delay) to finish their step and
+# save, and on these shared, loaded cores a step takes up to ~3 s: with the command's shortest grace
+# (10 s, a 5 s delay) a requeued attempt was killed before its checkpoint. A stopped or requeued attempt
+# frees its nodes about this long later.
+STOP_GRACE = 30
 # The cluster's own Slurm settings (custom.conf, docs/launch.md), for nodes that start a job in seconds.
 # A requeued job waits cred_expire + 1 s before it may start again; slurm.conf(5): cred_expire "must be
 # sufficiently long enough to load user environment, run prolog ... This also controls how long a
