@@ -134,8 +134,9 @@ def sagemaker_env(aws_env, tmp_path, monkeypatch):
 def moto_in_process(sagemaker_env, monkeypatch):
     """``sagemaker_env`` with a moto server in this process, for the states no request of moto's
     server can reach (a training job that fails, an endpoint that fails): the test sets them in
-    moto's backend (``moto.sagemaker.models.sagemaker_backends``); the code under test still talks
-    HTTP to the server."""
+    moto's backend (the fixture's value: SageMaker's for the test account and region); the code under
+    test still talks HTTP to the server. moto's backends live as long as the process, so the state is
+    reset first, whatever an earlier test on this worker left."""
     from moto.server import ThreadedMotoServer
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
@@ -144,7 +145,8 @@ def moto_in_process(sagemaker_env, monkeypatch):
     # moto's backends live as long as this process: a clean state per test, as `aws_env` gives
     urllib.request.urlopen(urllib.request.Request(url + "/moto-api/reset", method="POST"))
     monkeypatch.setenv("AWS_ENDPOINT_URL", url)
-    yield
+    from moto.backends import get_backend
+    yield get_backend("sagemaker")["123456789012"]["us-east-1"]
     server.stop()
 
 

@@ -125,28 +125,6 @@ def test_bad_requests_are_refused_before_anything_is_created(sagemaker_env, caps
     assert sm.list_models()["Models"] == [] and sm.list_endpoints()["Endpoints"] == []
 
 
-@pytest.fixture
-def moto_in_process(monkeypatch, tmp_path):
-    """A moto server in this process, so that a test can put a training job in a state moto never
-    gives it (moto completes every job at once) through moto's own backend."""
-    from moto.server import ThreadedMotoServer
-
-    from aws_fakes import free_port
-    port = free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port)
-    server.start()
-    for var, value in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"),
-                       ("AWS_DEFAULT_REGION", "us-east-1"), ("AWS_REGION", "us-east-1"),
-                       ("AWS_ENDPOINT_URL", f"http://127.0.0.1:{port}"), ("SAGEMAKER_VALIDATE_ROLE", "false")):
-        monkeypatch.setenv(var, value)
-    config = tmp_path / "sagemaker-config.yaml"
-    config.write_text("SchemaVersion: '1.0'\nSageMaker:\n  PythonSDK:\n    Modules:\n      TelemetryOptOut: true\n")
-    monkeypatch.setenv("SAGEMAKER_USER_CONFIG_OVERRIDE", str(config))
-    from moto.backends import get_backend
-    yield get_backend("sagemaker")["123456789012"]["us-east-1"]
-    server.stop()
-
-
 def test_a_job_that_did_not_complete_or_has_no_model_is_a_clear_error(moto_in_process):
     session = boto3.session.Session()
     deploy_stack(session)
