@@ -27,6 +27,7 @@ import boto3
 import pytest
 
 from aws_fakes import free_port, node_groups
+from emulated_cluster import wait_for
 from launch.cluster import all_reduce, node_checks, node_health
 from machine import require
 
@@ -778,14 +779,9 @@ def slurm_cluster(tmp_path_factory):
 
 def _wait_for_controller(conf: Path, timeout: float = 60) -> None:
     """Until slurmctld answers (``scontrol ping``: "Slurmctld(primary) at localhost is UP")."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        ping = subprocess.run(["scontrol", "ping"], env={**os.environ, "SLURM_CONF": str(conf)}, capture_output=True,
-                              text=True, timeout=30)
-        if " is UP" in ping.stdout:
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"slurmctld did not answer in {timeout:.0f} s")
+    wait_for(lambda: " is UP" in subprocess.run(["scontrol", "ping"], env={**os.environ, "SLURM_CONF": str(conf)},
+                                                capture_output=True, text=True, timeout=30).stdout,
+             timeout, "slurmctld to answer `scontrol ping`")
 
 
 def _slurm(conf: Path, *argv: str) -> str:
