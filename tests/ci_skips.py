@@ -6,7 +6,7 @@ that was meant to run. A test that needs something of the machine calls tests/ma
 ``skipif`` mark, ``pytest.skip``, ``importorskip``, an empty parameter set, a module-level skip
 (an error at collection), and an ``xfail``.
 
-tests/conftest.py loads these hooks for the suite; tests/test_ci_skips.py runs them with ``-p ci_skips``.
+tests/conftest.py registers this plugin for the suite; tests/test_ci_skips.py runs them with ``-p ci_skips``.
 """
 from __future__ import annotations
 
