@@ -2,6 +2,7 @@
 127.0.0.1 with fake credentials (see `aws_env`)."""
 from __future__ import annotations
 
+import json
 import os
 import sysconfig
 import urllib.request
@@ -129,6 +130,18 @@ def sagemaker_env(aws_env, tmp_path, monkeypatch):
                       "      TelemetryOptOut: true\n")
     monkeypatch.setenv("SAGEMAKER_USER_CONFIG_OVERRIDE", str(config))
     monkeypatch.setenv("SAGEMAKER_VALIDATE_ROLE", "false")
+    # With a config file the SDK validates it at every value it reads from it (about 20 times a
+    # training job request), each time checking its ~100 kB schema too: 0.4 s of CPU a time. The
+    # config is this file's, the same at every read, so each distinct config is validated once.
+    from sagemaker.core.config.config_manager import SageMakerConfig
+    validate, valid = SageMakerConfig.validate_sagemaker_config, set()
+
+    def validate_once(sagemaker_config=None):
+        key = json.dumps(sagemaker_config, sort_keys=True, default=str)
+        if key not in valid:
+            validate(sagemaker_config)
+            valid.add(key)
+    monkeypatch.setattr(SageMakerConfig, "validate_sagemaker_config", staticmethod(validate_once))
     return aws_env
 
 
