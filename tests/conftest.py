@@ -108,9 +108,22 @@ def moto_server():
     proc.wait(timeout=10)
 
 
+# botocore's model files, loaded once per worker: every boto3 session the code under test makes (one
+# per command, as a user's process makes one) otherwise parses each service's JSON model again.
+_LOADERS: dict = {}
+
+
+def _shared_loader(data_path=None):
+    import botocore.loaders
+    if data_path not in _LOADERS:
+        _LOADERS[data_path] = botocore.loaders.create_loader(data_path)
+    return _LOADERS[data_path]
+
+
 @pytest.fixture
 def aws_env(moto_server, monkeypatch):
     """Fake credentials and an endpoint pointing at the moto server; state reset per test."""
+    monkeypatch.setattr("botocore.session.create_loader", _shared_loader)
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
