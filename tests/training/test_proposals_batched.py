@@ -143,3 +143,22 @@ def test_a_box_at_iou_exactly_the_threshold_stays_as_nms_keeps_it(tf_session):
     assert counts[0] == 3
     np.testing.assert_array_equal(boxes[0, :3], anchors[[0, 1, 3]])
     np.testing.assert_array_equal(scores[0, :3], [2.0, 1.0, 1.0])
+
+
+def test_roi_sampling_never_takes_the_padding_rows_of_an_image(tf_session):
+    """Proposals arrive padded to one size for the batch: rows past the image's count are zeros
+    (background by IoU) and must not be sampled; the count of background candidates follows the
+    real rows only."""
+    tf, sess = tf_session
+    from training.model.frcnn_head import sample_rois
+    gt = np.array([[0, 0, 10, 10]], np.float32)
+    real = np.array([[0, 0, 10, 10], [0, 0, 10, 9], [40, 40, 50, 50], [60, 60, 70, 70]], np.float32)
+    padded = np.concatenate([real, np.zeros((96, 4), np.float32)])
+    rois, labels, _, num_fg = sample_rois(tf.constant(padded), tf.constant(gt), tf.constant([1]), batch_per_im=64,
+                                          fg_ratio=0.25, fg_thresh=0.5, num_proposals=tf.constant(4))
+    for _ in range(20):
+        r, lab, n = sess.run([rois, labels, num_fg])
+        # 3 foreground (two proposals and the ground-truth box), 2 background: nothing else exists
+        assert n == 3 and len(r) == 5, (n, r)
+        assert not (r == 0).all(axis=1).any()
+        np.testing.assert_array_equal(np.sort(r[3:, 0]), [40, 60])
