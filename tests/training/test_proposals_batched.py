@@ -12,10 +12,13 @@ PADDED = (800, 1344)
 IMAGE_HW = [[800, 1344], [800, 1067], [640, 1333], [533, 800]]
 
 
-def _config(**overrides):
+NMS = pytest.mark.parametrize("nms", ["padded", "greedy"])  # RPN.PROPOSAL_NMS: a GPU's and a CPU's way
+
+
+def _config(nms="padded", **overrides):
     from training.config import finalize, new_config
     cfg = new_config()
-    cfg.update_args([f"{k}={v!r}" for k, v in overrides.items()])
+    cfg.update_args([f"{k}={v!r}" for k, v in {"RPN.PROPOSAL_NMS": nms, **overrides}.items()])
     return finalize(cfg, num_ranks=1, class_names=["BG", "a"], has_gpu=False)
 
 
@@ -72,25 +75,27 @@ def _assert_same(sess, batched, reference):
     return counts, expected
 
 
+@NMS
 @pytest.mark.parametrize("training", [True, False], ids=["training", "test"])
-def test_batched_proposals_equal_per_image_nms_at_coco_shapes(tf_session, training):
+def test_batched_proposals_equal_per_image_nms_at_coco_shapes(tf_session, training, nms):
     """Default config (PER_LEVEL_NMS_TOPK 2000 / 1000, POST_NMS_TOPK 2000 / 1000), P2-P6 anchors of
     an 800x1344 batch, four images of different sizes (anchors in the padding clip to nothing)."""
     tf, sess = tf_session
-    cfg = _config()
+    cfg = _config(nms)
     logits, deltas, anchors = _levels(cfg, np.random.default_rng(0), delta_scale=0.3)
     counts, _ = _assert_same(sess, _batched(tf, cfg, logits, deltas, anchors, training=training),
                              _reference(tf, cfg, logits, deltas, anchors, training=training))
     assert (counts == (2000 if training else 1000)).all()
 
 
-def test_batched_proposals_equal_per_image_nms_with_many_overlapping_boxes(tf_session):
+@NMS
+def test_batched_proposals_equal_per_image_nms_with_many_overlapping_boxes(tf_session, nms):
     """The best logits of every level in one cluster around a point (a logit falls with the anchor
     centre's distance from it, in steps of 0.1: many equal logits, whose lower index goes first),
     boxes close to their anchors: neighbouring anchors overlap at IoU up to 0.78, and NMS removes
     most of each level's best boxes."""
     tf, sess = tf_session
-    cfg = _config()
+    cfg = _config(nms)
     rng = np.random.default_rng(1)
     _, deltas, anchors = _levels(cfg, rng, delta_scale=0.02)
     logits = []
@@ -106,11 +111,12 @@ def test_batched_proposals_equal_per_image_nms_with_many_overlapping_boxes(tf_se
     assert (kept[:, :4] < 1000).all() and (kept[:, 4] < 819 / 2).all(), kept
 
 
-def test_batched_proposals_equal_per_image_nms_with_boxes_below_the_min_size(tf_session):
+@NMS
+def test_batched_proposals_equal_per_image_nms_with_boxes_below_the_min_size(tf_session, nms):
     """RPN.MIN_SIZE=16 and log-size deltas down to -4 (boxes shrunk e^4 = 55 times): many boxes of
     every level are no wider or taller than 16 px and are removed before NMS."""
     tf, sess = tf_session
-    cfg = _config(**{"RPN.MIN_SIZE": 16})
+    cfg = _config(nms, **{"RPN.MIN_SIZE": 16})
     rng = np.random.default_rng(2)
     logits, deltas, anchors = _levels(cfg, rng, delta_scale=0.1)
     for d in deltas:
@@ -125,14 +131,15 @@ def test_batched_proposals_equal_per_image_nms_with_boxes_below_the_min_size(tf_
     assert (passed[:, :4] < 1600).all(), passed
 
 
-def test_a_box_at_iou_exactly_the_threshold_stays_as_nms_keeps_it(tf_session):
+@NMS
+def test_a_box_at_iou_exactly_the_threshold_stays_as_nms_keeps_it(tf_session, nms):
     """tf.image.non_max_suppression removes a box whose IoU with a better one is above the
     threshold: [0, 0, 10, 7] inside [0, 0, 10, 10] has IoU 70 / 100 = 0.7 exactly and stays
     (non_max_suppression_padded alone would remove it, at IoU >= threshold). Equal logits keep
     the lower index first."""
     tf, sess = tf_session
     from training.model.rpn import generate_proposals
-    cfg = _config(**{"MODE_FPN": False})
+    cfg = _config(nms, **{"MODE_FPN": False})
     anchors = np.array([[0, 0, 10, 10], [0, 0, 10, 7], [0, 0, 10, 7.5], [20, 20, 30, 30], [20, 20, 30, 30]],
                        np.float32)
     logits = np.array([[2.0, 1.0, 0.5, 1.0, 1.0]], np.float32)
@@ -162,3 +169,14 @@ def test_roi_sampling_never_takes_the_padding_rows_of_an_image(tf_session):
         assert n == 3 and len(r) == 5, (n, r)
         assert not (r == 0).all(axis=1).any()
         np.testing.assert_array_equal(np.sort(r[3:, 0]), [40, 60])
+
+
+def test_proposal_nms_is_padded_on_a_gpu_and_greedy_on_a_cpu():
+    from training.config import finalize, new_config
+    chosen = {gpu: finalize(new_config(), num_ranks=1, class_names=["BG", "a"], has_gpu=gpu).RPN.PROPOSAL_NMS
+              for gpu in (True, False)}
+    assert chosen == {True: "padded", False: "greedy"}
+    cfg = new_config()
+    cfg.update_args(["RPN.PROPOSAL_NMS='tiled'"])
+    with pytest.raises(ValueError, match=r"RPN.PROPOSAL_NMS must be one of \('padded', 'greedy', 'auto'\), got 'tiled'"):
+        finalize(cfg, num_ranks=1, class_names=["BG", "a"], has_gpu=False)

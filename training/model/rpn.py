@@ -77,13 +77,18 @@ def _topk_boxes(logits, deltas, anchors, image_hw, *, pre_nms_topk: int, min_siz
                        tf.reshape(tf.gather(anchors, idx), [-1, 4]), clip=clip)
     boxes = _clip_batch(tf.reshape(picked, [b, pre_nms_topk, 4]), image_hw)
     keep = real & (boxes[..., 2] - boxes[..., 0] > min_size) & (boxes[..., 3] - boxes[..., 1] > min_size)
-    return tf.where(keep[..., None], boxes, tf.zeros_like(boxes)), scores
+    return tf.where(keep[..., None], boxes, tf.zeros_like(boxes)), scores, keep
 
 
-def _batched_nms(boxes, scores, *, max_output_size: int, nms_thresh: float):
-    """Greedy NMS of every row of ``boxes [R, K, 4]`` (sorted by descending score) in one call,
-    keeping at most ``max_output_size`` boxes a row. Returns ``boxes``, ``scores``
-    ``[R, max_output_size(, 4)]`` best first, rows past each row's count zeros / -inf, and the counts.
+def _batched_nms(boxes, scores, keep, *, max_output_size: int, nms_thresh: float, padded: bool):
+    """Greedy NMS of every row of ``boxes [R, K, 4]`` (sorted by descending score; ``keep [R, K]``
+    false for the all-zero rows that are no box), keeping at most ``max_output_size`` boxes a row.
+    Returns ``boxes``, ``scores`` ``[R, max_output_size(, 4)]`` best first, rows past each row's
+    count zeros / -inf, and the counts.
+
+    ``padded``: one ``non_max_suppression_padded`` call for all rows (a GPU's way: no output size to
+    wait for per row); otherwise ``tf.image.non_max_suppression`` row after row, which a CPU runs
+    about as fast for all the rows as the padded form for one of them. The two select the same boxes.
 
     ``non_max_suppression_padded`` suppresses a box at IoU >= its threshold, NMS (tensorpack's
     ``tf.image.non_max_suppression``) at IoU > threshold: the next float32 above the threshold
@@ -92,11 +97,23 @@ def _batched_nms(boxes, scores, *, max_output_size: int, nms_thresh: float):
     ``canonicalized_coordinates`` it checks the order with a ``tf.cond`` on the first box, which
     reads that box back to the host).
     """
-    threshold = float(np.nextafter(np.float32(nms_thresh), np.float32(np.inf)))
-    # tile_size: how many boxes suppress each other at once; a row of K <= 512 boxes is one tile
-    idx, count = tf.image.non_max_suppression_padded(
-        boxes, scores, max_output_size, iou_threshold=threshold, pad_to_max_output_size=True,
-        sorted_input=True, canonicalized_coordinates=True, tile_size=min(512, int(boxes.shape[1])))
+    if padded:
+        threshold = float(np.nextafter(np.float32(nms_thresh), np.float32(np.inf)))
+        # tile_size: how many boxes suppress each other at once; a row of K <= 512 boxes is one tile
+        idx, count = tf.image.non_max_suppression_padded(
+            boxes, scores, max_output_size, iou_threshold=threshold, pad_to_max_output_size=True,
+            sorted_input=True, canonicalized_coordinates=True, tile_size=min(512, int(boxes.shape[1])))
+    else:
+        def row(args):
+            b, s = args
+            # rows that are no box score -inf, below the threshold: never selected
+            i = tf.image.non_max_suppression(b, s, max_output_size, iou_threshold=nms_thresh,
+                                             score_threshold=np.finfo(np.float32).min)
+            return tf.pad(i, [[0, max_output_size - tf.size(i)]]), tf.size(i)
+
+        idx, count = tf.map_fn(row, (boxes, tf.where(keep, scores, -np.inf)),
+                               fn_output_signature=(tf.TensorSpec([max_output_size], tf.int32),
+                                                    tf.TensorSpec([], tf.int32)))
     valid = tf.range(max_output_size)[None, :] < count[:, None]
     boxes = tf.where(valid[..., None], tf.gather(boxes, idx, batch_dims=1), 0.0)
     scores = tf.where(valid, tf.gather(scores, idx, batch_dims=1), -np.inf)
@@ -107,6 +124,9 @@ def generate_proposals(logits, deltas, anchors, image_hw, *, cfg, training: bool
     """Proposals of a batch of images from per-level ``logits [B, N_l]``, ``deltas [B, N_l, 4]``,
     ``anchors [N_l, 4]`` and each image's ``image_hw [B, 2]``, as tensorpack's
     ``generate_rpn_proposals`` / ``generate_fpn_proposals`` compute them for one image.
+
+    ``RPN.PROPOSAL_NMS`` (``padded`` on a GPU, ``greedy`` on a CPU) chooses how NMS runs over the
+    images and levels, with the same result (``_batched_nms``).
 
     ``Level`` mode (FPN), per level: the best ``PER_LEVEL_NMS_TOPK`` anchors by logit, decoded,
     clipped to the image, those no wider or taller than ``RPN.MIN_SIZE`` dropped, NMS at
@@ -138,8 +158,9 @@ def generate_proposals(logits, deltas, anchors, image_hw, *, cfg, training: bool
         num_groups = len(groups)
         boxes = tf.reshape(tf.stack([t[0] for t in tops], axis=1), [-1, pre, 4])
         scores = tf.reshape(tf.stack([t[1] for t in tops], axis=1), [-1, pre])
-        boxes, scores, counts = _batched_nms(boxes, scores, max_output_size=nms_keep,
-                                             nms_thresh=r.PROPOSAL_NMS_THRESH)
+        keep = tf.reshape(tf.stack([t[2] for t in tops], axis=1), [-1, pre])
+        boxes, scores, counts = _batched_nms(boxes, scores, keep, max_output_size=nms_keep,
+                                             nms_thresh=r.PROPOSAL_NMS_THRESH, padded=r.PROPOSAL_NMS == "padded")
         boxes = tf.reshape(boxes, [-1, num_groups * nms_keep, 4])
         scores = tf.reshape(scores, [-1, num_groups * nms_keep])
         counts = tf.reduce_sum(tf.reshape(counts, [-1, num_groups]), axis=1)
