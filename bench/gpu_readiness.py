@@ -17,7 +17,10 @@ Reported for the ops the training op depends on (input placeholders to the optim
 - ``crossings``: tensors that cross between host-placed and GPU-placed ops (each a device-to-host
   or host-to-device copy in the step; int32 tensors are left out: TensorFlow keeps them in host
   memory on a GPU device anyway), and ``sync_ops``: GPU ops whose output size depends on the data
-  (``Where``, NMS, ...): each copies a count to the host and waits for the GPU there;
+  (``Where``, NMS, ...): each copies a count to the host and waits for the GPU there; and
+  ``loops``: graph loops (``While``, ``LoopCond``), whose predicate the host reads back from the
+  GPU before every iteration. Ops inside the functions the step calls (``non_max_suppression_padded``
+  is one) count as well;
 - ``shapes``: over a representative sequence of training batches (the pipeline's own plans with
   multi-scale short edges, ``--short-edge``), the distinct padded batch shapes: each one is a new
   set of convolution shapes for cuDNN to autotune (and XLA to compile); plus the convolutions and
@@ -44,6 +47,8 @@ TF_GPU_BUILD = _common.REPO / ".venv" / "tf-gpu-build"
 # GPU kernels that size their output from the data: the host reads a count back before it can go on
 SYNC_OPS = ("Where", "NonMaxSuppressionV2", "NonMaxSuppressionV3", "NonMaxSuppressionV4", "NonMaxSuppressionV5",
             "Unique", "UniqueV2", "DynamicPartition", "BooleanMask", "ListDiff", "SparseToDense")
+# loops: the host reads the loop predicate back from the GPU before every iteration
+LOOP_OPS = ("While", "StatelessWhile", "LoopCond")
 TYPE_ATTRS_SKIP = ("_class", "_output_shapes")
 # kernels registered for DEVICE_DEFAULT (int32 shape arithmetic, variable reads) run on a GPU device too
 GPU_DEVICE_TYPES = ("GPU", "DEFAULT")
@@ -61,6 +66,27 @@ def _step_nodes(graph_def, fetch: str) -> dict:
         seen[name] = by_name[name]
         todo.extend(i.lstrip("^").split(":")[0] for i in by_name[name].input)
     return seen
+
+
+def _function_nodes(graph_def, nodes) -> dict:
+    """Nodes of the functions the step's nodes call (``PartitionedCall``, ``While``, ``If``, ...),
+    through calls inside them too, as ``"caller scope/function/node" -> NodeDef``: library
+    functions such as ``non_max_suppression_padded`` run their ops there, out of the graph's node list."""
+    library = {f.signature.name: f for f in graph_def.library.function}
+    found, todo, seen = {}, [(name, node) for name, node in nodes.items()], set()
+    while todo:
+        name, node = todo.pop()
+        for value in node.attr.values():
+            called = [value.func.name] if value.HasField("func") else [f.name for f in value.list.func]
+            for fn in called:
+                if fn not in library or (name, fn) in seen:
+                    continue
+                seen.add((name, fn))
+                for inner in library[fn].node_def:
+                    key = f"{name}/{fn}/{inner.name}"
+                    found[key] = inner
+                    todo.append((key, inner))
+    return found
 
 
 def _gpu_kernel(node, registry_cache):
@@ -151,8 +177,16 @@ def inspect(cfg, *, amp: bool) -> dict:
             if key not in crossing_tensors:
                 crossing_tensors.add(key)
                 crossings[(key[2], _scope(name if reads_on_host else src))] += 1
-    sync = collections.Counter(_scope(n) + " " + node.op for n, node in nodes.items()
+    # inside called functions: ops without a GPU kernel, count read-backs and loops
+    in_functions = _function_nodes(graph_def, nodes)
+    for name, node in in_functions.items():
+        if node.op not in skip and _gpu_kernel(node, cache) is None:
+            host[name] = "no GPU kernel"
+    everything = {**nodes, **in_functions}
+    sync = collections.Counter(_scope(n) + " " + node.op for n, node in everything.items()
                                if node.op in SYNC_OPS and n not in host)
+    loops = collections.Counter(_scope(n) + " " + node.op for n, node in everything.items()
+                                if node.op in LOOP_OPS and n not in host)
     host_ops = collections.Counter(f"{_scope(n)} {nodes[n].op} ({why})" for n, why in host.items())
     # shapes: convolutions/matmuls of the forward step whose shape follows the ROI counts
     roi_dependent = image_dependent = 0
@@ -173,6 +207,7 @@ def inspect(cfg, *, amp: bool) -> dict:
             "crossings_total": len(crossing_tensors),
             "crossings": {f"{d} at {s}": n for (d, s), n in sorted(crossings.items())},
             "sync_ops_total": sum(sync.values()), "sync_ops": dict(sorted(sync.items())),
+            "loops_total": sum(loops.values()), "loops": dict(sorted(loops.items())),
             "image_shape_dependent_convs": image_dependent, "roi_count_dependent_convs_matmuls": roi_dependent}
 
 

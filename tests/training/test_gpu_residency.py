@@ -83,10 +83,11 @@ def test_proposals_drop_boxes_clipped_to_zero_area(tf_session):
     outside = np.array([[70 + 2 * i, 5, 80 + 2 * i, 15] for i in range(30)], np.float32)
     anchors = np.concatenate([inside, outside])
     scores = np.concatenate([np.zeros(10), np.ones(30)]).astype(np.float32)
-    boxes, probs = generate_proposals([tf.constant(scores)], [tf.zeros([40, 4])], [tf.constant(anchors)],
-                                      tf.constant([64, 64]), cfg=cfg, training=True)
-    b = sess.run(boxes)
-    assert len(b) == 10
+    boxes, _, counts = generate_proposals([tf.constant(scores[None])], [tf.zeros([1, 40, 4])], [tf.constant(anchors)],
+                                          tf.constant([[64, 64]]), cfg=cfg, training=True)
+    b, n = sess.run([boxes, counts])
+    assert n.tolist() == [10]
+    b = b[0, :10]
     assert ((b[:, 2] - b[:, 0] > 0) & (b[:, 3] - b[:, 1] > 0)).all()
     np.testing.assert_allclose(np.sort(b[:, 0]), inside[:, 0])
 

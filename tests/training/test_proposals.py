@@ -13,6 +13,8 @@ def test_proposals_grow_at_most_to_max_size(tf_session):
     cfg = new_config()
     cfg.PREPROC.MAX_SIZE = 1344
     anchors = np.array([[692, 692, 708, 708]], np.float32)
-    boxes, _ = generate_proposals([tf.constant([1.0])], [tf.constant([[0.0, 0.0, 10.0, 10.0]])],
-                                  [tf.constant(anchors)], tf.constant([1400, 1400]), cfg=cfg, training=False)
-    np.testing.assert_allclose(sess.run(boxes), [[28, 28, 1372, 1372]], atol=1e-2)
+    boxes, _, counts = generate_proposals([tf.constant([[1.0]])], [tf.constant([[[0.0, 0.0, 10.0, 10.0]]])],
+                                          [tf.constant(anchors)], tf.constant([[1400, 1400]]), cfg=cfg, training=False)
+    boxes, counts = sess.run([boxes, counts])
+    assert counts.tolist() == [1]
+    np.testing.assert_allclose(boxes[0, :1], [[28, 28, 1372, 1372]], atol=1e-2)

@@ -10,10 +10,13 @@ from training.model.backbone import group_norm
 from training.model.box_ops import tf_clip, tf_decode, tf_encode, tf_iou
 
 
-def sample_rois(proposals, gt_boxes, gt_labels, *, batch_per_im: int, fg_ratio: float, fg_thresh: float):
+def sample_rois(proposals, gt_boxes, gt_labels, *, batch_per_im: int, fg_ratio: float, fg_thresh: float,
+                num_proposals=None):
     """Choose the ROIs one image trains on (Mask R-CNN paper: 25% foreground at IoU >= 0.5).
 
-    Ground-truth boxes join the proposals so foreground exists from the first step. Returns
+    Ground-truth boxes join the proposals so foreground exists from the first step. With
+    ``num_proposals``, only the first that many rows of ``proposals`` are proposals (the rest pad
+    the batch's proposals to one size) and the others are never sampled. Returns
     ``rois [R, 4]``, ``labels [R]`` (0 = background; foreground first), ``fg_gt_index [F]``
     (the matched box of each foreground ROI) and ``num_fg``.
     """
@@ -24,13 +27,19 @@ def sample_rois(proposals, gt_boxes, gt_labels, *, batch_per_im: int, fg_ratio: 
         best_gt = tf.argmax(iou, axis=1, output_type=tf.int32)
         # a uniformly random subset of each kind in random order, as shuffling and slicing would give,
         # from random keys and top_k: both have GPU kernels (RandomShuffle runs on the CPU only)
-        is_fg = best_iou >= fg_thresh
         n = tf.size(best_iou)
+        if num_proposals is None:
+            real = tf.ones([n], tf.bool)
+        else:
+            rows = tf.range(n)
+            real = (rows < num_proposals) | (rows >= tf.shape(proposals)[0])
+        is_fg = (best_iou >= fg_thresh) & real
+        is_bg = ~is_fg & real
         keys = tf.random.uniform([n], 0.0, 1.0)
         num_fg = tf.minimum(int(batch_per_im * fg_ratio), tf.reduce_sum(tf.cast(is_fg, tf.int32)))
         fg = tf.nn.top_k(tf.where(is_fg, keys, -1.0), k=num_fg, sorted=True).indices
-        num_bg = tf.minimum(batch_per_im - num_fg, n - tf.reduce_sum(tf.cast(is_fg, tf.int32)))
-        bg = tf.nn.top_k(tf.where(is_fg, -1.0, keys), k=num_bg, sorted=True).indices
+        num_bg = tf.minimum(batch_per_im - num_fg, tf.reduce_sum(tf.cast(is_bg, tf.int32)))
+        bg = tf.nn.top_k(tf.where(is_bg, keys, -1.0), k=num_bg, sorted=True).indices
         keep = tf.concat([fg, bg], axis=0)
         fg_gt_index = tf.gather(best_gt, fg)
         labels = tf.concat([tf.gather(gt_labels, fg_gt_index), tf.zeros([num_bg], tf.int32)], axis=0)

@@ -157,8 +157,8 @@ class MaskRCNN(ModelDesc):
         if not training:
             return self._inference(pool, logits_l, deltas_l, anchors_l, image_hw)
         batch = cfg.TRAIN.BATCH_SIZE_PER_GPU
-        proposals = [generate_proposals([lg[i] for lg in logits_l], [dl[i] for dl in deltas_l], anchors_l,
-                                        image_hw[i], cfg=cfg, training=training)[0] for i in range(batch)]
+        proposals, _, num_proposals = generate_proposals(logits_l, deltas_l, anchors_l, image_hw, cfg=cfg,
+                                                         training=training)
 
         # ---- RPN losses over all images and levels (with TRAIN.DEBUG_CHECKS, once the labels are checked to line up)
         if cfg.TRAIN.DEBUG_CHECKS:
@@ -179,7 +179,7 @@ class MaskRCNN(ModelDesc):
             gtl = gt_labels[i, :num_gt[i]]
             r, lab, fg_gt, num_fg = frcnn_head.sample_rois(
                 proposals[i], gtb, gtl, batch_per_im=cfg.FRCNN.BATCH_PER_IM, fg_ratio=cfg.FRCNN.FG_RATIO,
-                fg_thresh=cfg.FRCNN.FG_THRESH)
+                fg_thresh=cfg.FRCNN.FG_THRESH, num_proposals=num_proposals[i])
             if cfg.TRAIN.DEBUG_CHECKS:
                 r, lab, fg_gt = consistency.checked_sampled_rois(
                     r, lab, fg_gt, num_fg, batch_per_im=cfg.FRCNN.BATCH_PER_IM, fg_ratio=cfg.FRCNN.FG_RATIO, image=i)
@@ -233,13 +233,10 @@ class MaskRCNN(ModelDesc):
         and suppressed within its own image), the box and mask heads once on every image's ROIs."""
         cfg = self.cfg
         num_images = tf.shape(image_hw)[0]
-
-        def proposals_of(i):
-            return generate_proposals([lg[i] for lg in logits_l], [dl[i] for dl in deltas_l], anchors_l,
-                                      image_hw[i], cfg=cfg, training=False)[:1]
-
-        (proposals,), proposal_counts = _per_image(num_images, proposals_of, [tf.float32])
-        proposals.set_shape([None, 4])
+        padded, _, proposal_counts = generate_proposals(logits_l, deltas_l, anchors_l, image_hw, cfg=cfg,
+                                                        training=False)
+        # each image's proposals, image after image
+        proposals = tf.boolean_mask(padded, tf.range(tf.shape(padded)[1])[None, :] < proposal_counts[:, None])
         proposal_image = tf.repeat(tf.range(num_images), proposal_counts)
         logits, deltas, _ = self._box_head(pool, proposals, proposal_image)
         starts = tf.cumsum(proposal_counts, exclusive=True)
