@@ -409,7 +409,7 @@ def test_a_run_survives_the_clusters_own_automation(slurm_cluster, tmp_path):
     # their next collective; the watchdog stops the attempt, the job script requeues it, and the next
     # attempt resumes from that checkpoint. The stall is the job's one failure of --max-attempts 2.
     periodic = CHECKPOINT_EPOCHS * STEPS_PER_EPOCH
-    target = (read_heartbeat(str(logdir))["step"] // periodic + 1) * periodic
+    target = (_starts(logdir)[attempt - 1] // periodic + 1) * periodic
     assert target < MAX_STEPS, f"the run is past its last periodic checkpoint before the end ({target})"
     wait_for(lambda: _latest_checkpoint(logdir) == target, 400, f"the periodic checkpoint model-{target}")
     # An epoch later (rank 0's heartbeat at the epoch's end): steps the checkpoint does not hold.
@@ -450,20 +450,20 @@ def test_a_run_survives_the_clusters_own_automation(slurm_cluster, tmp_path):
                    "watchdog: SIGTERM to every rank, SIGKILL after the grace, requeue; one failure of "
                    "--max-attempts", reached, start, reached - start))
     attempt += 1
+    table = "\n".join(f"| {a} | {w} | {'-' if s is None else s} | {'-' if r is None else r} | {lost} |"
+                      for a, w, s, r, lost in matrix)
+    print(f"\n| action | what the system does | stopped at | resumed at | steps lost |\n| --- | --- | --- | --- | --- |"
+          f"\n{table}")
 
     # The run finishes; no system requeue spent the failure budget, the stall spent one failure of it.
     wait_for(lambda: f"model-{MAX_STEPS}" in (logdir / "checkpoint").read_text(), 600, "the run's last checkpoint")
+    assert job_fields(master, env, job_id)["Restarts"] == str(attempt - 1), "requeued more than once a stop"
     wait_for(lambda: runs(master, env).get(RUN, {}).get("state") == "COMPLETED", 180, "the job to complete", poll=1)
     attempts = read_attempts(str(logdir))
     assert attempts["attempt"] == attempt and attempts["ended"], attempts
     assert [(f["attempt"], f["exit"]) for f in attempts["failures"]] == [(attempt - 1, STALLED_STATUS)], attempts
-    assert job_fields(master, env, job_id)["Restarts"] == str(attempt - 1)
     assert any(r.get("run_finished") == 1 and r.get("step") == MAX_STEPS for r in _records(logdir))
     # Once the run has ended (its last record: run_active 0), pause goes through: both groups to 0.
     wait_for(lambda: _ship_records(master, env, logdir) >= 0 and _cluster_command(master, env, "pause").returncode == 0,
              150, "pause to go through once the run ended", poll=5)
     assert all(desired == 0 for desired, _ in _groups(master, env).values())
-    table = "\n".join(f"| {a} | {w} | {'-' if s is None else s} | {'-' if r is None else r} | {lost} |"
-                      for a, w, s, r, lost in matrix)
-    print(f"\n| action | what the system does | stopped at | resumed at | steps lost |\n| --- | --- | --- | --- | --- |"
-          f"\n{table}")
