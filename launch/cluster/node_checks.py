@@ -30,6 +30,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -106,7 +107,24 @@ def run_bounded(argv: list[str], *, timeout: float, display: str | None = None) 
             out, err = proc.communicate(timeout=5)
         except subprocess.TimeoutExpired:  # stuck in uninterruptible I/O: leave it behind
             out, err = "", ""
+        _wait_group_ended(proc.pid, timeout=1)
         return Completed(tuple(argv), None, out or "", err or "", timed_out=True, display=display)
+
+
+def _wait_group_ended(pgid: int, *, timeout: float) -> None:
+    """Waits until no process of group ``pgid`` is alive (zombies aside). A killed process closes its
+    pipes before it has finished exiting, so the end of its output comes a moment before its end."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(_alive_in_group(stat, pgid) for stat in Path("/proc").glob("[0-9]*/stat")):
+        time.sleep(0.01)
+
+
+def _alive_in_group(stat: Path, pgid: int) -> bool:
+    try:
+        fields = stat.read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):   # the process ended while it was read
+        return False
+    return fields[0] != "Z" and int(fields[2]) == pgid
 
 
 def find_program(name: str, *fallbacks: str) -> str:
