@@ -139,11 +139,12 @@ def tf_decode(deltas, anchors, weights=(1.0, 1.0, 1.0, 1.0), clip: float = BBOX_
 
 
 def tf_clip(boxes, image_hw):
-    """Clip ``[N, 4]`` boxes to an image of ``image_hw = [height, width]`` (a float tensor)."""
+    """Clip boxes to their image: ``[N, 4]`` boxes to one image of ``image_hw = [height, width]``,
+    or ``[B, K, 4]`` boxes to each image's ``image_hw [B, 2]`` (a float tensor)."""
     tf = _tf()
-    h, w = image_hw[0], image_hw[1]
-    x1 = tf.clip_by_value(boxes[:, 0], 0.0, w)
-    y1 = tf.clip_by_value(boxes[:, 1], 0.0, h)
-    x2 = tf.clip_by_value(boxes[:, 2], 0.0, w)
-    y2 = tf.clip_by_value(boxes[:, 3], 0.0, h)
-    return tf.stack([x1, y1, x2, y2], axis=1)
+    h, w = image_hw[..., 0, None], image_hw[..., 1, None]
+    x1 = tf.clip_by_value(boxes[..., 0], 0.0, w)
+    y1 = tf.clip_by_value(boxes[..., 1], 0.0, h)
+    x2 = tf.clip_by_value(boxes[..., 2], 0.0, w)
+    y2 = tf.clip_by_value(boxes[..., 3], 0.0, h)
+    return tf.stack([x1, y1, x2, y2], axis=-1)

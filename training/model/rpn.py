@@ -9,7 +9,7 @@ from training.compat import tf, tf1
 from training.model import scopes
 from training.model.anchors import tf_grid_anchors
 from training.model.backbone import channels_axis
-from training.model.box_ops import decode_clip, tf_decode
+from training.model.box_ops import decode_clip, tf_clip, tf_decode
 
 
 def rpn_head(feature, *, channels: int, num_anchors: int, data_format: str):
@@ -50,13 +50,6 @@ def multilevel_rpn(features, *, cfg, data_format: str):
     return all_logits, all_deltas, all_anchors
 
 
-def _clip_batch(boxes, image_hw):
-    """Clip ``[B, K, 4]`` boxes to each image's ``image_hw [B, 2]`` (float)."""
-    h, w = image_hw[:, 0:1], image_hw[:, 1:2]
-    return tf.stack([tf.clip_by_value(boxes[..., 0], 0.0, w), tf.clip_by_value(boxes[..., 1], 0.0, h),
-                     tf.clip_by_value(boxes[..., 2], 0.0, w), tf.clip_by_value(boxes[..., 3], 0.0, h)], axis=-1)
-
-
 def _topk_boxes(logits, deltas, anchors, image_hw, *, pre_nms_topk: int, min_size: float, clip: float):
     """The best ``pre_nms_topk`` anchors of each image by logit, decoded and clipped to the image.
 
@@ -75,7 +68,7 @@ def _topk_boxes(logits, deltas, anchors, image_hw, *, pre_nms_topk: int, min_siz
     # decode the chosen anchors only (decoding is per box: the values of decoding all, then choosing)
     picked = tf_decode(tf.reshape(tf.gather(deltas, idx, batch_dims=1), [-1, 4]),
                        tf.reshape(tf.gather(anchors, idx), [-1, 4]), clip=clip)
-    boxes = _clip_batch(tf.reshape(picked, [b, pre_nms_topk, 4]), image_hw)
+    boxes = tf_clip(tf.reshape(picked, [b, pre_nms_topk, 4]), image_hw)
     keep = real & (boxes[..., 2] - boxes[..., 0] > min_size) & (boxes[..., 3] - boxes[..., 1] > min_size)
     return tf.where(keep[..., None], boxes, tf.zeros_like(boxes)), scores, keep
 
