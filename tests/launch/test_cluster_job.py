@@ -329,16 +329,17 @@ kill -TERM $PPID
 
 
 def _run_attempt(tmp_path, logdir: Path, *, restart_count: int, rc: int = 1, stop: str | None = None,
-                 max_attempts: int = 4) -> tuple[int, str, list[str]]:
+                 max_attempts: int = 4, prelude: str = "") -> tuple[int, str, list[str]]:
     """One attempt's end as the job script runs it (its own process, Slurm's environment), with
-    ``scontrol`` on PATH standing in for slurmctld: (exit status, output, scontrol calls)."""
+    ``scontrol`` on PATH standing in for slurmctld: (exit status, output, scontrol calls).
+    ``prelude``: Python run first in that process."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
     (bin_dir / "scontrol").write_text(SCONTROL_STAND_IN)
     (bin_dir / "scontrol").chmod(0o755)
     log = tmp_path / "scontrol.log"
     log.write_text("")
-    code = ("import sys; from launch.cluster import job; "
+    code = (f"{prelude}\nimport sys; from launch.cluster import job; "
             f"sys.exit(job.end_attempt({rc}, logdir={str(logdir)!r}, record=None, stop={stop!r}, "
             f"attempt=job.attempt_number(), max_attempts={max_attempts}, requeued=True))")
     env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", PYTHONPATH=str(REPO),
@@ -361,6 +362,19 @@ def test_requeues_by_the_system_do_not_spend_the_failure_budget(tmp_path):
     assert "attempt 4 failed (exit 1): failure 1 of --max-attempts 4; 3 requeue(s) by the system did not count" in out
     assert job.describe_attempts(str(logdir), "17") == (
         "attempt 4: 1 failure(s) counted; 3 requeue(s) by the system (not counted)")
+
+
+@pytest.mark.parametrize("stop", [None, "stall"])
+def test_a_requeued_attempt_ends_at_slurms_sigterm_even_while_its_stop_handler_is_installed(tmp_path, stop):
+    # The job script's SIGTERM handler (AttemptStop.request) ignores every request after the first, so
+    # Slurm's SIGTERM for the requeue must not reach it: the script would live on to SIGKILL at KillWait
+    # (110 s), holding the job's nodes from the next attempt all that time.
+    logdir = tmp_path / "run7"
+    logdir.mkdir()
+    status, out, calls = _run_attempt(
+        tmp_path, logdir, restart_count=1, rc=1 if stop is None else job.STALLED_STATUS, stop=stop,
+        prelude="import signal; signal.signal(signal.SIGTERM, lambda *_: None)")
+    assert calls == ["requeue 17"] and status == -signal.SIGTERM, out
 
 
 def test_the_jobs_max_attempts_th_failure_fails_it_for_good(tmp_path):
