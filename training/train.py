@@ -22,6 +22,9 @@ import multiprocessing
 import os
 import sys
 
+# How long the end of training waits for the input thread: it finishes the batch it is preparing.
+INPUT_THREAD_JOIN_S = 60.0
+
 # TensorFlow is imported once the arguments are read: `--help` and usage errors answer at once,
 # without the seconds TensorFlow takes to load.
 
@@ -295,6 +298,7 @@ def main(argv=None) -> int:
     finally:
         if gpu is not None:
             gpu.stop()
+        _join_input_thread(data)
     if stop.stopped is None:
         return 0
     # Every rank waits here for rank 0's record, written after its checkpoint: no launcher sees a
@@ -308,6 +312,22 @@ def main(argv=None) -> int:
               f"the same command with the same --logdir continues from it (exit status "
               f"{stopping.STOPPED_EXIT_STATUS})", flush=True)
     return stopping.STOPPED_EXIT_STATUS
+
+
+def _join_input_thread(data, timeout_s: float = INPUT_THREAD_JOIN_S) -> None:
+    """Waits for tensorpack's enqueue thread, which ends once it finds the session closed.
+
+    It is a daemon thread that tensorpack does not join: left running, it can be inside a
+    TensorFlow call (its last enqueue, or closing the queue) while the interpreter exits, and a
+    thread that wakes up in a finalizing interpreter is ended through TensorFlow's C++ frames,
+    which aborts the process ("FATAL: exception not rethrown") after training succeeded."""
+    source = getattr(data, "_input", data)   # StagingInput wraps the QueueInput
+    thread = getattr(source, "thread", None)
+    if thread is None or not thread.is_alive():
+        return
+    thread.join(timeout_s)
+    if thread.is_alive():
+        print(f"warning: the input thread still runs {timeout_s:.0f} s after training ended", flush=True)
 
 
 def _last_epoch_note(max_steps: int, steps_per_epoch: int) -> str:

@@ -211,6 +211,33 @@ def bad_input_runs(tiny_dataset, tmp_path_factory):
     return root, dict(zip(BAD_INPUT, run_mains("training.train", argvs)))
 
 
+# The enqueue thread is preparing its next batch when training ends (each batch takes a second):
+# what the process's threads are once main() has returned, before the interpreter exits.
+_SLOW_INPUT = """
+import sys, threading, time
+from training import train
+from training.data import pipeline
+batches = pipeline.TrainingBatches.__iter__
+def slow(self):
+    for batch in batches(self):
+        yield batch
+        time.sleep(1.0)
+pipeline.TrainingBatches.__iter__ = slow
+status = train.main(sys.argv[1:])
+print("enqueue threads alive:", [t.name for t in threading.enumerate() if t.name.startswith("EnqueueThread")])
+sys.exit(status)
+"""
+
+
+@pytest.mark.slow
+def test_training_returns_once_its_input_thread_has_ended(tiny_dataset, tmp_path):
+    # tensorpack leaves its enqueue thread (a daemon) running after training; a thread that wakes up
+    # inside TensorFlow while the interpreter exits aborts the process after a successful run.
+    proc = run_python("-c", _SLOW_INPUT, *train_args(tmp_path / "log", tiny_dataset, 2, "DATA.VAL=()"))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "enqueue threads alive: []" in proc.stdout, proc.stdout[-2000:]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("case", BAD_INPUT)
 def test_bad_input_stops_before_training(bad_input_runs, case):
