@@ -392,9 +392,11 @@ def exit_status(rc: int) -> int:
 def requeue() -> None:
     """Puts this job back in the queue: Slurm ends this attempt and starts the next when the nodes are free."""
     job = os.environ["SLURM_JOB_ID"]
-    # Slurm ends the requeued attempt like a cancelled one: SIGTERM to the script, SIGKILL KillWait later,
-    # and the nodes stay the job's until the script is gone. Nothing is left to save or report, so the
-    # SIGTERM ends the script (no handler of the attempt's stop may swallow it) and frees the nodes at once.
+    # Slurm ends the requeued attempt like a cancelled one: SIGTERM to the job's processes, SIGKILL
+    # KillWait later to those it still tracks. Nothing is left to save or report, so that SIGTERM ends
+    # this script: the attempt's stop handler would swallow it, and with proctrack/linuxproc a script
+    # whose `sbatch --wrap` shell has exited is out of Slurm's process tree, so no SIGKILL would end it
+    # either; it would sleep on beside the job's next attempt.
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     subprocess.run(["scontrol", "requeue", job], check=True)
     time.sleep(600)       # Slurm terminates this script; the sleep only keeps it from exiting first

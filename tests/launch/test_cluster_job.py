@@ -367,8 +367,8 @@ def test_requeues_by_the_system_do_not_spend_the_failure_budget(tmp_path):
 @pytest.mark.parametrize("stop", [None, "stall"])
 def test_a_requeued_attempt_ends_at_slurms_sigterm_even_while_its_stop_handler_is_installed(tmp_path, stop):
     # The job script's SIGTERM handler (AttemptStop.request) ignores every request after the first, so
-    # Slurm's SIGTERM for the requeue must not reach it: the script would live on to SIGKILL at KillWait
-    # (110 s), holding the job's nodes from the next attempt all that time.
+    # Slurm's SIGTERM for the requeue must not reach it: the script would sleep on after the requeue
+    # (out of reach of Slurm's SIGKILL once its shell has exited, see job.requeue).
     logdir = tmp_path / "run7"
     logdir.mkdir()
     status, out, calls = _run_attempt(
