@@ -394,9 +394,9 @@ def requeue() -> None:
     job = os.environ["SLURM_JOB_ID"]
     # Slurm ends the requeued attempt like a cancelled one: SIGTERM to the job's processes, SIGKILL
     # KillWait later to those it still tracks. Nothing is left to save or report, so that SIGTERM ends
-    # this script: the attempt's stop handler would swallow it, and with proctrack/linuxproc a script
-    # whose `sbatch --wrap` shell has exited is out of Slurm's process tree, so no SIGKILL would end it
-    # either; it would sleep on beside the job's next attempt.
+    # this script: the attempt's stop handler would swallow it and the script would sleep on after the
+    # requeue (its `sbatch --wrap` shell exits at the SIGTERM, and proctrack/linuxproc tracks processes
+    # by their parents, so Slurm's SIGKILL is not sure to reach it).
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     subprocess.run(["scontrol", "requeue", job], check=True)
     time.sleep(600)       # Slurm terminates this script; the sleep only keeps it from exiting first
