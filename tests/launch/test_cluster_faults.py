@@ -90,6 +90,9 @@ IMDS_PORT = 8049
 # graph on cores shared by three ranks and, in the suite, another worker's tests), far below the
 # default 30 min. 2 minutes passed on quiet cores, with too little margin for a loaded machine.
 STALL_MINUTES = 4.0
+# A bound for moto calls that may be a service's first in the master's moto server (it loads the
+# service's models then).
+MOTO_FIRST_CALL_S = 300
 STACK = "EmulatedCluster"   # the cluster.env STACK_NAME of emulated_cluster.install_node: the records' Deployment
 # Run inside the master against its moto: the cluster stack, as `maskrcnn cluster` reads it (its two
 # group names among its outputs; a topic as its one resource, which a template needs).
@@ -178,13 +181,14 @@ def _active_minutes_apart(records: list[dict]) -> bool:
 def _ship_records(master, env, logdir: Path) -> int:
     """SHIP_EMF on the master for the run's records (its offset kept in the master's /tmp); how many data points."""
     shipped = master.run([sys.executable, "-c", SHIP_EMF, f"/efs/logs/{logdir.name}/cloudwatch-metrics.log",
-                          "/tmp/emf-offset"], env=env, timeout=120)
+                          "/tmp/emf-offset"], env=env, timeout=MOTO_FIRST_CALL_S)
     assert shipped.returncode == 0, shipped.stderr
     return int(shipped.stdout)
 
 
 def _groups(master, env) -> dict:
-    out = master.run([sys.executable, "-c", GROUP_STATE, *(name for name, _ in GROUPS.values())], env=env, timeout=60)
+    out = master.run([sys.executable, "-c", GROUP_STATE, *(name for name, _ in GROUPS.values())], env=env,
+                     timeout=MOTO_FIRST_CALL_S)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
 
@@ -192,7 +196,7 @@ def _groups(master, env) -> dict:
 def _cluster_command(master, env, *args) -> subprocess.CompletedProcess:
     """`maskrcnn cluster ...` (the launch CLI) on the master against its moto, for the emulated stack."""
     return master.run([sys.executable, "-m", "launch.cli", "cluster", *args, "--stack", STACK,
-                       "--region", "us-east-1"], env=env, timeout=120, cwd=str(REPO))
+                       "--region", "us-east-1"], env=env, timeout=MOTO_FIRST_CALL_S, cwd=str(REPO))
 
 
 def _ranks_by_host(hosts, logdir: Path) -> dict[str, list[int]]:
@@ -322,7 +326,10 @@ def test_a_run_survives_the_clusters_own_automation(slurm_cluster, tmp_path):
 
     # 2. `maskrcnn cluster pause` while the run trains: refused (the error exit of the launch CLI), and
     # nothing changes: both groups keep their desired capacity and every instance, the job its attempt.
-    made = master.run([sys.executable, "-c", CREATE_STACK], env=env, timeout=60)
+    # moto's first CloudFormation request imports the models of every service a template can create
+    # (about 6 CPU s here): on cores shared with three ranks and another worker's tests, the call took
+    # over the minute this step once allowed (a fresh-clone CI run).
+    made = master.run([sys.executable, "-c", CREATE_STACK], env=env, timeout=MOTO_FIRST_CALL_S)
     assert made.returncode == 0, made.stderr
     wait_for(lambda: _active_minutes_apart(_records(logdir)), 150, "a run_active record a minute after the last end")
     assert _ship_records(master, env, logdir) > 0
