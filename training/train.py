@@ -22,8 +22,8 @@ import multiprocessing
 import os
 import sys
 
-# How long the end of training waits for the input thread: it finishes the batch it is preparing
-# (about a second at COCO sizes). Short, because a stop's grace (SIGKILL after it) runs meanwhile.
+# How long the end of training waits for the input thread to finish the batch it is preparing.
+# Short, because a stop's grace (SIGKILL after it) runs meanwhile.
 INPUT_THREAD_JOIN_S = 15.0
 
 # TensorFlow is imported once the arguments are read: `--help` and usage errors answer at once,
@@ -324,7 +324,7 @@ def _join_input_thread(data, timeout_s: float = INPUT_THREAD_JOIN_S) -> None:
     which aborts the process ("FATAL: exception not rethrown") after training succeeded."""
     source = getattr(data, "_input", data)   # StagingInput wraps the QueueInput
     thread = getattr(source, "thread", None)
-    if thread is None or not thread.is_alive():
+    if thread is None:
         return
     thread.join(timeout_s)
     if thread.is_alive():
