@@ -87,8 +87,9 @@ INSTANCE_TYPES: dict[str, InstanceTypeInfo] = {
 # SageMaker AI's on-demand prices of the ml.* types the launchers use, USD per hour in us-east-1:
 # training jobs (launch/sagemaker) and the notebook instance (ml.t3.medium, which training does not
 # offer). SageMaker charges more per hour than EC2 does for the same hardware (the managed service
-# is included). None: no price recorded here; for ml.p4d and ml.p5, AWS's June 2025 cut of the EC2
-# P4 and P5 prices leaves their current SageMaker price to be read from the pricing page.
+# is included). None: no price recorded here (for ml.p4d and ml.p5, AWS's June 2025 cut of the EC2
+# P4 and P5 prices left no dated SageMaker figure at hand): `maskrcnn cost` and a finished job's cost
+# line read it from AWS's Price List (launch/price_list.py).
 SAGEMAKER_PRICES: dict[str, float | None] = {
     "ml.p3.16xlarge": 28.152,
     "ml.p3dn.24xlarge": 35.894,

@@ -1,5 +1,7 @@
 """The estimated cost of a finished training run, from the prices recorded in
-infra/instance_types.py: EC2 types in INSTANCE_TYPES, SageMaker ml.* types in SAGEMAKER_PRICES.
+infra/instance_types.py (EC2 types in INSTANCE_TYPES, SageMaker ml.* types in SAGEMAKER_PRICES), or,
+for a type the table has no price for, from AWS's Price List (launch/price_list.py) where the caller
+has AWS credentials.
 
 One computation (:func:`estimate`) behind both cost lines: a cluster run's (launch/cluster/jobs.py:
 its job's nodes x the time each attempt held them) and a finished SageMaker job's (launch/sagemaker/launcher.py: its
@@ -47,6 +49,9 @@ class CostEstimate:
     instances: int
     seconds: float
     price_per_hour: float | None
+    basis: str = PRICE_BASIS
+    # Without a price: why AWS's Price List gave none, when it was asked.
+    unpriced: str | None = None
 
     @property
     def hours(self) -> float:
@@ -61,25 +66,43 @@ class CostEstimate:
     def line(self) -> str:
         what = f"{self.instances} x {self.instance_type} x {self.hours:.2f} h"
         if self.usd is None:
-            return f"estimated cost: {no_price(self.instance_type)} ({what})"
+            return f"estimated cost: {self.why_no_price()} ({what})"
         return (f"estimated cost: ${self.usd:.2f} = {what} x ${self.price_per_hour:g}/h "
-                f"({PRICE_BASIS})")
+                f"({self.basis})")
+
+    def why_no_price(self) -> str:
+        reason = no_price(self.instance_type)
+        return reason if self.unpriced is None else f"{reason}; {self.unpriced}"
 
 
-def estimate(instance_type: str, instances: int, seconds: float) -> CostEstimate:
-    """``instances`` of ``instance_type`` for ``seconds`` each, at the recorded price."""
-    return CostEstimate(instance_type, instances, max(float(seconds), 0.0),
-                        price_per_hour(instance_type))
+def estimate(instance_type: str, instances: int, seconds: float, *, session=None,
+             region: str | None = None) -> CostEstimate:
+    """``instances`` of ``instance_type`` for ``seconds`` each, at the recorded price; with a boto3
+    ``session``, a type without one is priced from AWS's Price List in ``region`` (default: the
+    session's, else us-east-1)."""
+    seconds = max(float(seconds), 0.0)
+    recorded = price_per_hour(instance_type)
+    if recorded is not None or session is None:
+        return CostEstimate(instance_type, instances, seconds, recorded)
+    from launch.price_list import PriceUnavailable, on_demand_price
+    try:
+        listed = on_demand_price(instance_type, region or session.region_name or "us-east-1", session)
+    except PriceUnavailable as err:
+        return CostEstimate(instance_type, instances, seconds, None, unpriced=str(err))
+    return CostEstimate(instance_type, instances, seconds, listed.usd_per_hour, basis=listed.basis())
 
 
 def main(argv: list[str] | None = None) -> int:
     """`maskrcnn cost`: what the deployment's cluster costs an hour (settings.json), or a SageMaker
-    job of --instance-type and --instances, for --hours."""
+    job of --instance-type and --instances, for --hours. A type without a price in
+    infra/instance_types.py is priced from AWS's Price List, with AWS credentials."""
     p = argparse.ArgumentParser(prog="maskrcnn cost", description=main.__doc__.splitlines()[0])
     p.add_argument("--hours", type=float, default=1.0, help="how long (default: 1 hour)")
     p.add_argument("--instance-type", help="an ml.* type for a SageMaker job, instead of the cluster's settings")
     p.add_argument("--instances", type=int, default=1, help="with --instance-type: the job's instance count")
     p.add_argument("--settings-file", type=Path, help="the deployment's settings (default: settings.json)")
+    p.add_argument("--region", help="where a type without a recorded price is priced from AWS's Price "
+                                    "List (default: your AWS region, else us-east-1)")
     p.add_argument("--json", action="store_true")
     a = p.parse_args(argv)
     if a.hours <= 0 or a.instances < 1:
@@ -97,14 +120,18 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         instance_type, instances = config.instance_type, config.worker_count + 1
         what = "cluster (master and workers, while they run)"
-    result = estimate(instance_type, instances, a.hours * 3600)
+    session = None
+    if price_per_hour(instance_type) is None:
+        import boto3
+        session = boto3.session.Session()
+    result = estimate(instance_type, instances, a.hours * 3600, session=session, region=a.region)
     if result.usd is None:
-        print(f"error: {no_price(instance_type)}", file=sys.stderr)
+        print(f"error: {result.why_no_price()}", file=sys.stderr)
         return 2
     if a.json:
         print(json.dumps({"what": what, "instance_type": instance_type, "instances": instances,
                           "hours": a.hours, "usd_per_hour": result.usd / a.hours, "usd": result.usd,
-                          "basis": PRICE_BASIS}))
+                          "basis": result.basis}))
     else:
         print(f"{what}: {result.line()}")
     return 0

@@ -117,6 +117,10 @@ class Notebook(Construct):
             # Search: whether a run name is taken (launch/sagemaker/launcher.py finds a run's jobs by tag).
             sid="ListTrainingJobs", actions=["sagemaker:ListTrainingJobs", "sagemaker:Search"], resources=["*"]))
         self.role.add_to_policy(iam.PolicyStatement(
+            # A finished job's cost line prices an ml.* type infra/instance_types.py has no price for
+            # from AWS's public Price List (launch/price_list.py).
+            sid="ReadPrices", actions=["pricing:GetProducts"], resources=["*"]))
+        self.role.add_to_policy(iam.PolicyStatement(
             sid="PassOnlyTheTrainingRole", actions=["iam:PassRole"],
             resources=[training_role.role_arn],
             conditions={"StringEquals": {"iam:PassedToService": "sagemaker.amazonaws.com"}}))
@@ -132,7 +136,8 @@ class Notebook(Construct):
             resources=[Aws.STACK_ID]))
         acknowledge(
             self.role, "AwsSolutions-IAM5[Resource::*]",
-            "Only sagemaker:ListTrainingJobs and sagemaker:Search, which have no resource-level scoping.")
+            "Only sagemaker:ListTrainingJobs, sagemaker:Search and pricing:GetProducts (AWS's public "
+            "prices), which have no resource-level scoping.")
         acknowledge(
             self.role, "AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:sagemaker:"
                        "<AWS::Region>:<AWS::AccountId>:training-job/*]",

@@ -318,12 +318,14 @@ def failed_status(err: BaseException) -> bool:
     return type(err).__name__ == "FailedStatusError"
 
 
-def job_cost(description: dict[str, Any]) -> cost.CostEstimate | None:
+def job_cost(description: dict[str, Any], session: boto3.session.Session | None = None
+             ) -> cost.CostEstimate | None:
     """A finished job's estimated cost (None while it runs): its billed seconds x InstanceCount x
     the ml.* type's price. Billed seconds are BillableTimeInSeconds, which SageMaker documents as
     per instance (to be multiplied by InstanceCount) and which managed spot makes shorter than the
     training time; without it TrainingTimeInSeconds, else the time from TrainingStartTime to
-    TrainingEndTime, the interval SageMaker documents as billed."""
+    TrainingEndTime, the interval SageMaker documents as billed. With ``session``, a type without a
+    recorded price is priced from AWS's Price List in the session's region."""
     if description.get("TrainingJobStatus") not in FINISHED:
         return None
     resources = description.get("ResourceConfig") or {}
@@ -335,7 +337,8 @@ def job_cost(description: dict[str, Any]) -> cost.CostEstimate | None:
     if seconds is None:
         start, end = description.get("TrainingStartTime"), description.get("TrainingEndTime")
         seconds = (end - start).total_seconds() if start and end else 0
-    return cost.estimate(resources["InstanceType"], int(resources.get("InstanceCount", 1)), seconds)
+    return cost.estimate(resources["InstanceType"], int(resources.get("InstanceCount", 1)), seconds,
+                         session=session)
 
 
 def describe_job(name: str, session: boto3.session.Session | None = None) -> dict[str, Any]:
@@ -351,7 +354,7 @@ def describe_job(name: str, session: boto3.session.Session | None = None) -> dic
     keep = ("TrainingJobName", "TrainingJobStatus", "SecondaryStatus", "FailureReason", "CreationTime",
             "TrainingStartTime", "TrainingEndTime", "BillableTimeInSeconds", "ModelArtifacts", "FinalMetricDataList")
     described = {k: d[k] for k in keep if k in d}
-    estimate = job_cost(d)
+    estimate = job_cost(d, session)
     if estimate is not None:
         described["EstimatedCostUSD"] = None if estimate.usd is None else round(estimate.usd, 2)
         described["EstimatedCost"] = estimate.line()

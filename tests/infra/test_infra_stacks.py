@@ -807,6 +807,8 @@ def test_notebook_may_run_training_jobs_and_pass_only_the_training_role(default_
     assert {"sagemaker:CreateTrainingJob", "sagemaker:DescribeTrainingJob",
             "sagemaker:StopTrainingJob", "sagemaker:ListTrainingJobs", "sagemaker:Search",
             "cloudformation:DescribeStacks", "iam:PassRole"} <= all_actions
+    (prices,) = [s for s in policy if "pricing:GetProducts" in actions(s)]
+    assert (actions(prices), prices["Resource"]) == (["pricing:GetProducts"], "*")
     (pass_role,) = [s for s in policy if "iam:PassRole" in actions(s)]
     training_role = next(lid for lid in default_synth.resources(SAGEMAKER, "AWS::IAM::Role")
                          if lid.startswith("TrainingJobRole"))

@@ -3,7 +3,10 @@ price) and a finished SageMaker job's (BillableTimeInSeconds x InstanceCount x t
 AWS's DescribeTrainingJob reference: "Multiply BillableTimeInSeconds by the number of instances
 (InstanceCount) ... to get the total compute time SageMaker bills you"). Every expected dollar
 figure is worked out by hand below from the prices infra/instance_types.py records (written out
-here: c5.xlarge $0.17/h, p4d.24xlarge $21.96/h, ml.g5.12xlarge $7.09/h)."""
+here: c5.xlarge $0.17/h, p4d.24xlarge $21.96/h, ml.g5.12xlarge $7.09/h). A type without a price
+there is priced from AWS's Price List (GetProducts, which moto does not implement): answered by
+tests/launch/recorded_aws/get_products.json, written from the API reference, whose prices are chosen
+for the tests (ml.p4d.24xlarge $12.5/h, ml.p5.48xlarge $40/h, p5en.48xlarge $60/h), not AWS's."""
 import json
 import sys
 from datetime import datetime, timedelta, timezone
@@ -15,6 +18,20 @@ import pytest
 from launch import cost
 from launch.cluster import jobs
 from launch.sagemaker import launcher
+from recorded_aws import Replay
+
+
+def _no_credentials(monkeypatch, tmp_path):
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-credentials"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+
+
+def _training_hour(instance_type: str, region: str = "us-east-1") -> str:
+    """The GetProducts request of an on-demand SageMaker training hour, as recorded_aws keys it."""
+    return f"AmazonSageMaker regionCode TERM_MATCH {region}, usagetype CONTAINS Train:{instance_type}"
 
 
 
@@ -101,7 +118,7 @@ def test_describe_of_a_finished_job_states_its_cost(sagemaker_env, capsys):
     json.dumps(described, default=str)   # describe prints it as JSON
 
 
-def test_the_cost_command_prices_the_deployment_s_cluster_or_a_sagemaker_job(tmp_path, capsys):
+def test_the_cost_command_prices_the_deployment_s_cluster_or_a_sagemaker_job(tmp_path, capsys, monkeypatch):
     """`maskrcnn cost`: p4d.24xlarge at its us-east-1 on-demand list price, $21.96/h (AWS's EC2
     pricing page), for a master and 3 workers, 2 hours: 4 x 2 x 21.96 = $175.68; 2 ml.m5.xlarge
     at $0.23/h for 10 hours: $4.60."""
@@ -112,15 +129,17 @@ def test_the_cost_command_prices_the_deployment_s_cluster_or_a_sagemaker_job(tmp
     assert (line["instances"], line["usd"]) == (4, pytest.approx(175.68))
     assert cost.main(["--instance-type", "ml.m5.xlarge", "--instances", "2", "--hours", "10"]) == 0
     assert "$4.60 = 2 x ml.m5.xlarge x 10.00 h" in capsys.readouterr().out
-    # The README's SageMaker types have no dated price from AWS in the table (moto has no Price List
-    # API to test a query against): said, with AWS's page, never a guessed figure or a zero.
+    # The README's SageMaker types have no price in the table; without AWS credentials the Price
+    # List cannot be asked: said, with AWS's page, never a guessed figure or a zero.
+    _no_credentials(monkeypatch, tmp_path)
     for recommended in ("ml.p4d.24xlarge", "ml.p5.48xlarge"):
         assert cost.main(["--instance-type", recommended, "--json"]) == 2
         captured = capsys.readouterr()
         assert captured.out == ""
         assert captured.err == (f"error: no price recorded for {recommended} in infra/instance_types.py; its "
                                 "on-demand price: https://aws.amazon.com/sagemaker/pricing/ (add it to the "
-                                "table, with the date it was read, for an estimate)\n")
+                                "table, with the date it was read, for an estimate); AWS's Price List API "
+                                "needs AWS credentials (`aws configure` or `aws sso login`)\n")
     settings.write_text(json.dumps({"instance_type": "p9.huge"}))
     assert cost.main(["--settings-file", str(settings)]) == 2
     assert capsys.readouterr().err.startswith("error: ")
@@ -152,3 +171,88 @@ def test_a_settings_file_that_does_not_exist_is_an_error_not_the_default_cluster
     assert captured.out == ""
     assert captured.err.startswith(f"error: settings file {missing} (named by --settings-file) "
                                    "does not exist; check the path"), captured.err
+
+
+def test_the_readme_s_sagemaker_types_are_priced_from_aws_s_price_list_dated(aws_env, monkeypatch, capsys):
+    """ml.p4d.24xlarge and ml.p5.48xlarge: the Price List's on-demand training hour in the asked
+    region, with its effective date. 2 x 3 h x $12.5/h = $75; 4 x 0.5 h x $40/h = $80."""
+    replay = Replay({"GetProducts": {_training_hour("ml.p4d.24xlarge"): "ml.p4d.24xlarge-training",
+                                     _training_hour("ml.p5.48xlarge", "eu-west-1"): "ml.p5.48xlarge-training"}})
+    with replay.serve() as url:
+        monkeypatch.setenv("AWS_ENDPOINT_URL_PRICING", url)
+        assert cost.main(["--instance-type", "ml.p4d.24xlarge", "--instances", "2", "--hours", "3", "--json"]) == 0
+        line = json.loads(capsys.readouterr().out)
+        assert (line["usd"], line["usd_per_hour"]) == (pytest.approx(75.0), pytest.approx(25.0))
+        assert line["basis"] == (f"on-demand price in us-east-1 from AWS's Price List, effective 2025-06-01, "
+                                 f"read {datetime.now().date().isoformat()}")
+        assert cost.main(["--instance-type", "ml.p5.48xlarge", "--instances", "4", "--hours", "0.5",
+                          "--region", "eu-west-1"]) == 0
+        out = capsys.readouterr().out
+        assert out.startswith("SageMaker job: estimated cost: $80.00 = 4 x ml.p5.48xlarge x 0.50 h x $40/h "
+                              "(on-demand price in eu-west-1 from AWS's Price List, effective 2025-06-01, read ")
+        # a recorded price is used as it is, without asking AWS
+        assert cost.main(["--instance-type", "ml.m5.xlarge"]) == 0
+    assert [key for _, key in replay.answered] == [_training_hour("ml.p4d.24xlarge"),
+                                                   _training_hour("ml.p5.48xlarge", "eu-west-1")]
+
+
+def test_a_cluster_type_without_a_recorded_price_is_read_as_a_linux_on_demand_hour(aws_env, tmp_path,
+                                                                                   monkeypatch, capsys):
+    """p5en.48xlarge (no price in the table) in us-west-2: EC2's BoxUsage hour of Linux, shared
+    tenancy, no preinstalled software, capacity used. Master + 1 worker, 2 h: 2 x 2 x $60/h = $240."""
+    settings = tmp_path / "settings.json"
+    settings.write_text(json.dumps({"instance_type": "p5en.48xlarge", "worker_count": 1}))
+    query = ("AmazonEC2 regionCode TERM_MATCH us-west-2, usagetype CONTAINS BoxUsage:p5en.48xlarge, "
+             "operatingSystem TERM_MATCH Linux, tenancy TERM_MATCH Shared, preInstalledSw TERM_MATCH NA, "
+             "capacitystatus TERM_MATCH Used")
+    with Replay({"GetProducts": {query: "p5en.48xlarge-us-west-2"}}).serve() as url:
+        monkeypatch.setenv("AWS_ENDPOINT_URL_PRICING", url)
+        monkeypatch.setenv("AWS_REGION", "us-west-2")
+        monkeypatch.setenv("AWS_DEFAULT_REGION", "us-west-2")
+        assert cost.main(["--settings-file", str(settings), "--hours", "2"]) == 0
+    assert capsys.readouterr().out.startswith(
+        "cluster (master and workers, while they run): estimated cost: $240.00 = 2 x p5en.48xlarge x 2.00 h "
+        "x $60/h (on-demand price in us-west-2 from AWS's Price List, effective 2025-07-01, read ")
+
+
+@pytest.mark.parametrize("answer, said", [
+    ("none", "AWS's Price List has no on-demand hourly price of ml.p5.48xlarge in us-east-1 "
+             "(AmazonSageMaker, usage type *-Train:ml.p5.48xlarge); the type may not be offered there"),
+    ("two-prices", "AWS's Price List gives 2 on-demand hourly prices of ml.p5.48xlarge in us-east-1 "
+                   "($40, $44), not one"),
+    ("access-denied", "these credentials may not read AWS's Price List: allow pricing:GetProducts"),
+    ("internal-error", "AWS's Price List API failed (HTTP 500); try again later"),
+])
+def test_a_price_list_without_one_price_is_an_error_naming_aws_s_page(aws_env, monkeypatch, capsys, answer, said):
+    with Replay({"GetProducts": {_training_hour("ml.p5.48xlarge"): answer}}).serve() as url:
+        monkeypatch.setenv("AWS_ENDPOINT_URL_PRICING", url)
+        assert cost.main(["--instance-type", "ml.p5.48xlarge", "--json"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == ("error: no price recorded for ml.p5.48xlarge in infra/instance_types.py; its "
+                            "on-demand price: https://aws.amazon.com/sagemaker/pricing/ (add it to the table, "
+                            f"with the date it was read, for an estimate); {said}\n")
+
+
+def test_describe_of_a_finished_p4d_job_states_its_cost_from_the_price_list(sagemaker_env, monkeypatch):
+    session = boto3.session.Session()
+    session.client("sagemaker").create_training_job(
+        TrainingJobName="maskrcnn-p4d", RoleArn="arn:aws:iam::123456789012:role/SageMakerTrainingRole",
+        AlgorithmSpecification={"TrainingImage": "123456789012.dkr.ecr.us-east-1.amazonaws.com/x:y",
+                                "TrainingInputMode": "File"},
+        OutputDataConfig={"S3OutputPath": "s3://bucket/out"},
+        ResourceConfig={"InstanceType": "ml.p4d.24xlarge", "InstanceCount": 4, "VolumeSizeInGB": 50},
+        StoppingCondition={"MaxRuntimeInSeconds": 86400})
+
+    def billed(parsed, **kwargs):
+        parsed["BillableTimeInSeconds"] = 7200
+
+    session.events.register("after-call.sagemaker.DescribeTrainingJob", billed)
+    with Replay({"GetProducts": {_training_hour("ml.p4d.24xlarge"): "ml.p4d.24xlarge-training"}}).serve() as url:
+        monkeypatch.setenv("AWS_ENDPOINT_URL_PRICING", url)
+        described = launcher.describe_job("maskrcnn-p4d", session)
+    # 4 x 2 h x $12.5/h = $100
+    assert described["EstimatedCostUSD"] == 100.0
+    assert described["EstimatedCost"].startswith(
+        "estimated cost: $100.00 = 4 x ml.p4d.24xlarge x 2.00 h x $12.5/h (on-demand price in us-east-1 "
+        "from AWS's Price List, effective 2025-06-01")

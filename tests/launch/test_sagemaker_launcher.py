@@ -12,6 +12,7 @@ from infra import outputs
 from launch.aws import LaunchError
 from launch.sagemaker import launcher
 from launch.sagemaker.launcher import JobSpec
+from recorded_aws import Replay
 from training.cloudwatch_metrics import TENSORBOARD_DIR_ENV
 from training.metrics import METRIC_DEFINITIONS
 
@@ -236,13 +237,17 @@ def test_companion_commands(sagemaker_env, capsys, monkeypatch):
     assert launcher.main(["describe", name]) == 0
     assert json.loads(capsys.readouterr().out)["TrainingJobName"] == name
     # moto reports every job Completed at once, so following its logs ends at once.
-    assert launcher.main(["logs", name]) == 0
     # The final status, then the finished job's cost: moto bills nothing, and SageMakerStack's
-    # default type (ml.p4d.24xlarge) has no price recorded in infra/instance_types.py.
-    assert capsys.readouterr().out.strip().splitlines()[-2:] == [
-        f"{name}: Completed", "estimated cost: no price recorded for ml.p4d.24xlarge in "
-        "infra/instance_types.py; its on-demand price: https://aws.amazon.com/sagemaker/pricing/ (add it "
-        "to the table, with the date it was read, for an estimate) (1 x ml.p4d.24xlarge x 0.00 h)"]
+    # default type (ml.p4d.24xlarge) is priced from AWS's Price List (moto has none: a stand-in,
+    # tests/launch/recorded_aws/get_products.json, whose $12.5/h is chosen, not AWS's).
+    query = "AmazonSageMaker regionCode TERM_MATCH us-east-1, usagetype CONTAINS Train:ml.p4d.24xlarge"
+    with Replay({"GetProducts": {query: "ml.p4d.24xlarge-training"}}).serve() as url:
+        monkeypatch.setenv("AWS_ENDPOINT_URL_PRICING", url)
+        assert launcher.main(["logs", name]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-2:]
+    assert last[0] == f"{name}: Completed"
+    assert last[1].startswith("estimated cost: $0.00 = 1 x ml.p4d.24xlarge x 0.00 h x $12.5/h (on-demand "
+                              "price in us-east-1 from AWS's Price List, effective 2025-06-01, read ")
     assert launcher.main(["describe", "no-such-job"]) == 2
     assert "no training job named 'no-such-job'" in capsys.readouterr().err
     assert launcher.main(["stop", "no-such-job"]) == 2

@@ -29,17 +29,25 @@ from local_http import serving
 
 HERE = Path(__file__).resolve().parent
 
-# operation -> (response file, the request parameter that picks the response)
+def _product_query(params: Mapping) -> str:
+    """A GetProducts request as a key: its service code and filters, e.g.
+    ``AmazonSageMaker regionCode TERM_MATCH us-east-1, usagetype CONTAINS Train:ml.p4d.24xlarge``."""
+    return f"{params.get('ServiceCode')} " + ", ".join(
+        f"{f['Field']} {f['Type']} {f['Value']}" for f in params.get("Filters", []))
+
+
+# operation -> (response file, the request parameter, or the function of the request, that picks the response)
 OPERATIONS = {
     "GetServiceQuota": ("get_service_quota.json", "QuotaCode"),
     "GetAWSDefaultServiceQuota": ("get_aws_default_service_quota.json", "QuotaCode"),
     "ListGroupResources": ("list_group_resources.json", "Group"),
     "DescribeCapacityReservations": ("describe_capacity_reservations.json", "CapacityReservationId.1"),
     "DescribeStacks": ("describe_stacks.json", "StackName"),
+    "GetProducts": ("get_products.json", _product_query),
 }
 # botocore's event names of the services (service id, hyphenated, lower case)
 EVENT_SERVICE = {"service-quotas": "service-quotas", "resource-groups": "resource-groups",
-                 "ec2": "ec2", "cloudformation": "cloudformation"}
+                 "ec2": "ec2", "cloudformation": "cloudformation", "pricing": "pricing"}
 # rest-json operations by request path
 REST_PATHS = {"/list-group-resources": "ListGroupResources"}
 XML_NAMESPACE = {"ec2": "http://ec2.amazonaws.com/doc/2016-11-15/",
@@ -107,8 +115,9 @@ class Replay:
         self.mapping = {op: dict(names) for op, names in mapping.items()}
         self.answered: list[tuple[str, str]] = []   # (operation, key) in the order asked
 
-    def lookup(self, operation: str, params: Mapping[str, str]) -> tuple[int, dict, bytes] | None:
-        key = params.get(OPERATIONS[operation][1])
+    def lookup(self, operation: str, params: Mapping) -> tuple[int, dict, bytes] | None:
+        picks = OPERATIONS[operation][1]
+        key = picks(params) if callable(picks) else params.get(picks)
         name = self.mapping.get(operation, {}).get(key)
         if name is None:
             return None
@@ -166,7 +175,7 @@ class Replay:
             yield url
 
 
-def _params(body, content_type) -> dict[str, str]:
+def _params(body, content_type) -> dict:
     """A request's parameters: JSON protocols send a JSON object, query protocols a form."""
     if isinstance(body, bytes):
         body = body.decode()
@@ -174,5 +183,5 @@ def _params(body, content_type) -> dict[str, str]:
         content_type = content_type.decode()
     body = body or ""
     if "json" in content_type or body.startswith("{"):
-        return {k: v for k, v in json.loads(body).items() if isinstance(v, str)}
+        return json.loads(body)
     return {k: v[0] for k, v in urllib.parse.parse_qs(body).items()}
