@@ -95,22 +95,27 @@ def test_sagemaker_cost_uses_the_billable_seconds_per_instance():
     assert launcher.job_cost(_job(TrainingJobStatus="Stopped", BillableTimeInSeconds=3600)).usd == pytest.approx(14.18)
 
 
-def test_describe_of_a_finished_job_states_its_cost(sagemaker_env, capsys):
+def _finished_job(name: str, instance_type: str, count: int, billable_seconds: int):
+    """A training job in moto, finished, as DescribeTrainingJob answers for it; returns the session."""
     session = boto3.session.Session()
-    sm = session.client("sagemaker")
-    sm.create_training_job(
-        TrainingJobName="maskrcnn-2025", RoleArn="arn:aws:iam::123456789012:role/SageMakerTrainingRole",
+    session.client("sagemaker").create_training_job(
+        TrainingJobName=name, RoleArn="arn:aws:iam::123456789012:role/SageMakerTrainingRole",
         AlgorithmSpecification={"TrainingImage": "123456789012.dkr.ecr.us-east-1.amazonaws.com/x:y",
                                 "TrainingInputMode": "File"},
         OutputDataConfig={"S3OutputPath": "s3://bucket/out"},
-        ResourceConfig={"InstanceType": "ml.g5.12xlarge", "InstanceCount": 2, "VolumeSizeInGB": 50},
+        ResourceConfig={"InstanceType": instance_type, "InstanceCount": count, "VolumeSizeInGB": 50},
         StoppingCondition={"MaxRuntimeInSeconds": 86400})
 
     # moto completes a job at once and reports no billed time: add SageMaker's figure to its answer.
     def billed(parsed, **kwargs):
-        parsed["BillableTimeInSeconds"] = 5400
+        parsed["BillableTimeInSeconds"] = billable_seconds
 
     session.events.register("after-call.sagemaker.DescribeTrainingJob", billed)
+    return session
+
+
+def test_describe_of_a_finished_job_states_its_cost(sagemaker_env, capsys):
+    session = _finished_job("maskrcnn-2025", "ml.g5.12xlarge", 2, 5400)
     described = launcher.describe_job("maskrcnn-2025", session)
     # 2 x 1.5 h x $7.09/h = $21.27
     assert described["EstimatedCostUSD"] == 21.27
@@ -235,19 +240,7 @@ def test_a_price_list_without_one_price_is_an_error_naming_aws_s_page(aws_env, m
 
 
 def test_describe_of_a_finished_p4d_job_states_its_cost_from_the_price_list(sagemaker_env, monkeypatch):
-    session = boto3.session.Session()
-    session.client("sagemaker").create_training_job(
-        TrainingJobName="maskrcnn-p4d", RoleArn="arn:aws:iam::123456789012:role/SageMakerTrainingRole",
-        AlgorithmSpecification={"TrainingImage": "123456789012.dkr.ecr.us-east-1.amazonaws.com/x:y",
-                                "TrainingInputMode": "File"},
-        OutputDataConfig={"S3OutputPath": "s3://bucket/out"},
-        ResourceConfig={"InstanceType": "ml.p4d.24xlarge", "InstanceCount": 4, "VolumeSizeInGB": 50},
-        StoppingCondition={"MaxRuntimeInSeconds": 86400})
-
-    def billed(parsed, **kwargs):
-        parsed["BillableTimeInSeconds"] = 7200
-
-    session.events.register("after-call.sagemaker.DescribeTrainingJob", billed)
+    session = _finished_job("maskrcnn-p4d", "ml.p4d.24xlarge", 4, 7200)
     with Replay({"GetProducts": {_training_hour("ml.p4d.24xlarge"): "ml.p4d.24xlarge-training"}}).serve() as url:
         monkeypatch.setenv("AWS_ENDPOINT_URL_PRICING", url)
         described = launcher.describe_job("maskrcnn-p4d", session)
