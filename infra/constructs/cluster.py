@@ -230,6 +230,10 @@ class GpuCluster(Construct):
                                  (self.worker_role, self.worker_group_name)):
             self._allow_reporting_unhealthy(role, group_name)
         self._allow_scaling_workers(self.master_role)
+        # `maskrcnn job` on the master prices a run of a type infra/instance_types.py has no price
+        # for (p5e, p5en, p6-b200) from AWS's Price List (launch/price_list.py).
+        self.master_role.add_to_policy(iam.PolicyStatement(
+            sid="ReadPrices", actions=["pricing:GetProducts"], resources=["*"]))
         if self.master_address is not None:
             self._allow_address_association(self.master_role, self.master_address)
 
@@ -319,7 +323,8 @@ class GpuCluster(Construct):
             "autoscaling:DescribeAutoScalingGroups, autoscaling:DescribeAutoScalingInstances, "
             "ec2:DescribeInstances, ec2:DescribeInstanceTypes and ec2:DescribeCapacityReservations "
             "(node discovery, Slurm node names, a Capacity Block's end) and ecr:GetAuthorizationToken "
-            "(docker login). Image pull itself is scoped to the assets repository.")
+            "(docker login), and on the master pricing:GetProducts (AWS's public prices, for a "
+            "run's cost line). Image pull itself is scoped to the assets repository.")
         return role
 
     def _allow_reporting_unhealthy(self, role: iam.Role, group_name: str) -> None:

@@ -204,14 +204,20 @@ def runs(env: dict[str, str]) -> list[dict]:
 def run_cost(env: dict[str, str], name: str) -> str | None:
     """The run's estimated cost so far: every attempt of its jobs in the job-completion log, its
     nodes for its start-to-end time (the job holds the nodes exclusively), at the instance type's
-    price. None before an attempt has ended."""
+    price (recorded, else AWS's Price List). None before an attempt has ended."""
     attempts = [j for j in finished(env) if j["name"] == name and j["nodes"] > 0 and j["start"] and j["end"]]
     if not attempts:
         return None
     node_seconds = sum(j["nodes"] * (datetime.fromisoformat(j["end"]) - datetime.fromisoformat(j["start"]))
                        .total_seconds() for j in attempts)
     nodes = attempts[-1]["nodes"]         # the job asks for a fixed count: every attempt has it
-    return cost.estimate(env.get("INSTANCE_TYPE", "unknown"), nodes, node_seconds / nodes).line()
+    instance_type = env.get("INSTANCE_TYPE", "unknown")
+    session = None
+    if cost.price_per_hour(instance_type) is None and env.get("AWS_REGION"):
+        # A type without a recorded price: AWS's Price List, with the master's role.
+        import boto3
+        session = boto3.session.Session(region_name=env["AWS_REGION"])
+    return cost.estimate(instance_type, nodes, node_seconds / nodes, session=session).line()
 
 
 def wait_for(env: dict[str, str], job_id: str, *, poll_s: float = 15.0) -> str:

@@ -662,6 +662,14 @@ def test_group_launch_and_terminate_failures_are_notified(default_synth, variant
         "email", VARIANT_CONTEXT["notification_email"])
 
 
+def test_only_the_master_may_read_prices_for_a_run_s_cost_line(default_synth):
+    (prices,) = [s for s in policy_of(default_synth, CLUSTER, "ClusterMasterRole")
+                 if "pricing:GetProducts" in actions(s)]
+    assert (actions(prices), prices["Resource"]) == (["pricing:GetProducts"], "*")
+    assert not [s for s in policy_of(default_synth, CLUSTER, "ClusterWorkerRole")
+                if any(a.startswith("pricing:") for a in actions(s))]
+
+
 def test_master_may_attach_its_address_only_to_a_master_group_instance(default_synth):
     statements_ = [s for s in policy_of(default_synth, CLUSTER, "ClusterMasterRole")
                    if "ec2:AssociateAddress" in actions(s)]

@@ -29,6 +29,13 @@ def _no_credentials(monkeypatch, tmp_path):
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
 
 
+def _linux_hour(instance_type: str, region: str) -> str:
+    """The GetProducts request of an EC2 Linux on-demand hour, as recorded_aws keys it."""
+    return (f"AmazonEC2 regionCode TERM_MATCH {region}, usagetype CONTAINS BoxUsage:{instance_type}, "
+            "operatingSystem TERM_MATCH Linux, tenancy TERM_MATCH Shared, preInstalledSw TERM_MATCH NA, "
+            "capacitystatus TERM_MATCH Used")
+
+
 def _training_hour(instance_type: str, region: str = "us-east-1") -> str:
     """The GetProducts request of an on-demand SageMaker training hour, as recorded_aws keys it."""
     return f"AmazonSageMaker regionCode TERM_MATCH {region}, usagetype CONTAINS Train:{instance_type}"
@@ -73,6 +80,22 @@ def test_a_cluster_run_costs_its_nodes_for_every_attempt(tmp_path):
     assert jobs.run_cost(env, "coco-24ep").startswith("estimated cost: $98.82 = 3 x p4d.24xlarge x 1.50 h")
     assert jobs.run_cost(env, "other") is None           # cancelled before it had nodes
     assert jobs.run_cost(env, "never-submitted") is None
+
+
+def test_a_cluster_run_of_a_type_without_a_recorded_price_is_priced_from_the_price_list(
+        aws_env, tmp_path, monkeypatch):
+    """p5en.48xlarge in us-west-2 (the master's AWS_REGION): 3 nodes x 1.5 h x $60/h = $270."""
+    env = {"EFS_MOUNT": str(tmp_path), "STACK_NAME": "c", "INSTANCE_TYPE": "p5en.48xlarge",
+           "AWS_REGION": "us-west-2"}
+    log = jobs.slurm.layout(env).job_log
+    log.parent.mkdir(parents=True)
+    log.write_text(JOB_LOG)
+    query = _linux_hour("p5en.48xlarge", "us-west-2")
+    with Replay({"GetProducts": {query: "p5en.48xlarge-us-west-2"}}).serve() as url:
+        monkeypatch.setenv("AWS_ENDPOINT_URL_PRICING", url)
+        assert jobs.run_cost(env, "coco-24ep").startswith(
+            "estimated cost: $270.00 = 3 x p5en.48xlarge x 1.50 h x $60/h (on-demand price in us-west-2 "
+            "from AWS's Price List, effective 2025-07-01, read ")
 
 
 def _job(**fields):
@@ -207,9 +230,7 @@ def test_a_cluster_type_without_a_recorded_price_is_read_as_a_linux_on_demand_ho
     tenancy, no preinstalled software, capacity used. Master + 1 worker, 2 h: 2 x 2 x $60/h = $240."""
     settings = tmp_path / "settings.json"
     settings.write_text(json.dumps({"instance_type": "p5en.48xlarge", "worker_count": 1}))
-    query = ("AmazonEC2 regionCode TERM_MATCH us-west-2, usagetype CONTAINS BoxUsage:p5en.48xlarge, "
-             "operatingSystem TERM_MATCH Linux, tenancy TERM_MATCH Shared, preInstalledSw TERM_MATCH NA, "
-             "capacitystatus TERM_MATCH Used")
+    query = _linux_hour("p5en.48xlarge", "us-west-2")
     with Replay({"GetProducts": {query: "p5en.48xlarge-us-west-2"}}).serve() as url:
         monkeypatch.setenv("AWS_ENDPOINT_URL_PRICING", url)
         monkeypatch.setenv("AWS_REGION", "us-west-2")
