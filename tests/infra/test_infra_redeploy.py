@@ -120,8 +120,8 @@ class Deployment:
                 keys = {arg.partition("=")[0] for arg in argv[3:]}
                 for stack in DEPENDENCIES:
                     self.touched.setdefault(stack, set()).update(keys)
-        elif argv[:2] == ["maskrcnn", "preflight"]:
-            pass   # read-only checks against the account: tests/launch/test_preflight.py
+        elif argv[:2] in (["maskrcnn", "preflight"], ["maskrcnn", "cost"]):
+            pass   # read-only: tests/launch/test_preflight.py, tests/infra/test_readme_deploy.py
         elif argv[:3] == ["maskrcnn", "cluster", "resume"]:
             pass   # sets the groups' desired capacity, no template: tests/launch/test_cluster_capacity.py
         elif argv[:3] == ["npx", "cdk", "deploy"]:

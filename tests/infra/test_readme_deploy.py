@@ -164,6 +164,11 @@ class ReadmeReplay:
             self.readme_ami = next((a.partition("=")[2] for a in args if a.startswith("ami_id=")), self.readme_ami)
         elif command == "preflight":
             self.preflight(args)
+        elif command == "cost":
+            # The README's cluster, a master and 3 workers of p4d.24xlarge at $21.96/h (AWS's EC2
+            # pricing page, infra/instance_types.py): 4 x 72 h x $21.96/h = $6,324.48.
+            proc = self.maskrcnn(["cost", *args, "--settings-file", str(self.settings_file)])
+            assert "estimated cost: $6324.48 = 4 x p4d.24xlarge x 72.00 h x $21.96/h" in proc.stdout, proc.stdout
         elif command == "data" and args[0] == "download":
             self.download(args)
         elif command == "job":
