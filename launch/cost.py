@@ -75,16 +75,19 @@ class CostEstimate:
         return reason if self.unpriced is None else f"{reason}; {self.unpriced}"
 
 
-def estimate(instance_type: str, instances: int, seconds: float, *, session=None,
-             region: str | None = None) -> CostEstimate:
-    """``instances`` of ``instance_type`` for ``seconds`` each, at the recorded price; with a boto3
-    ``session``, a type without one is priced from AWS's Price List in ``region`` (default: the
-    session's, else us-east-1)."""
+def estimate(instance_type: str, instances: int, seconds: float, *, price_list: bool = False,
+             session=None, region: str | None = None) -> CostEstimate:
+    """``instances`` of ``instance_type`` for ``seconds`` each, at the recorded price. A type without
+    one is priced from AWS's Price List when asked to (``price_list``, with the default credentials,
+    or with a boto3 ``session``), in ``region`` (default: the session's, else us-east-1)."""
     seconds = max(float(seconds), 0.0)
     recorded = price_per_hour(instance_type)
-    if recorded is not None or session is None:
+    if recorded is not None or not (price_list or session):
         return CostEstimate(instance_type, instances, seconds, recorded)
     from launch.price_list import PriceUnavailable, on_demand_price
+    if session is None:
+        import boto3
+        session = boto3.session.Session(region_name=region)
     try:
         listed = on_demand_price(instance_type, region or session.region_name or "us-east-1", session)
     except PriceUnavailable as err:
@@ -120,11 +123,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         instance_type, instances = config.instance_type, config.worker_count + 1
         what = "cluster (master and workers, while they run)"
-    session = None
-    if price_per_hour(instance_type) is None:
-        import boto3
-        session = boto3.session.Session()
-    result = estimate(instance_type, instances, a.hours * 3600, session=session, region=a.region)
+    result = estimate(instance_type, instances, a.hours * 3600, price_list=True, region=a.region)
     if result.usd is None:
         print(f"error: {result.why_no_price()}", file=sys.stderr)
         return 2

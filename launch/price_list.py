@@ -46,34 +46,33 @@ class ListedPrice:
                 f"{self.effective.isoformat()}, read {self.read.isoformat()}")
 
 
-def usage_type_suffix(instance_type: str) -> tuple[str, str]:
-    """(Price List service code, the usage type's end) of an instance-hour of ``instance_type``."""
+def usage_type(instance_type: str) -> tuple[str, str]:
+    """(Price List service code, usage type without its region prefix) of an instance-hour of
+    ``instance_type``."""
     if instance_type.startswith("ml."):
-        return SAGEMAKER_SERVICE, f"-Train:{instance_type}"
-    return EC2_SERVICE, f"-BoxUsage:{instance_type}"
+        return SAGEMAKER_SERVICE, f"Train:{instance_type}"
+    return EC2_SERVICE, f"BoxUsage:{instance_type}"
 
 
-def filters(instance_type: str, region: str) -> tuple[str, list[dict[str, str]]]:
-    """GetProducts' ServiceCode and Filters for an on-demand instance-hour of ``instance_type``."""
-    service, suffix = usage_type_suffix(instance_type)
+def filters(service: str, usage: str, region: str) -> list[dict[str, str]]:
+    """GetProducts' Filters for the on-demand instance-hour of ``usage`` (see :func:`usage_type`)."""
     terms = [{"Type": "TERM_MATCH", "Field": "regionCode", "Value": region},
              # CONTAINS: the usage type's region prefix (USE1, USW2, ...) is not asked for.
-             {"Type": "CONTAINS", "Field": "usagetype", "Value": suffix.lstrip("-")}]
+             {"Type": "CONTAINS", "Field": "usagetype", "Value": usage}]
     if service == EC2_SERVICE:
         terms += [{"Type": "TERM_MATCH", "Field": k, "Value": v} for k, v in EC2_LINUX_ON_DEMAND.items()]
-    return service, terms
+    return terms
 
 
 def on_demand_price(instance_type: str, region: str, session, *, today: date | None = None) -> ListedPrice:
     """``instance_type``'s on-demand USD per hour in ``region``, or :class:`PriceUnavailable`."""
-    service, query = filters(instance_type, region)
-    _, suffix = usage_type_suffix(instance_type)
+    service, usage = usage_type(instance_type)
     asked = f"{instance_type} in {region}"
     try:
         client = session.client("pricing", region_name=PRICING_API_REGION, config=CLIENT_CONFIG)
         products = [p if isinstance(p, dict) else json.loads(p)   # each a JSON document (aws_v1)
                     for page in client.get_paginator("get_products").paginate(
-                        ServiceCode=service, Filters=query, FormatVersion="aws_v1")
+                        ServiceCode=service, Filters=filters(service, usage, region), FormatVersion="aws_v1")
                     for p in page["PriceList"]]
     except NoCredentialsError:
         raise PriceUnavailable("AWS's Price List API needs AWS credentials (`aws configure` or "
@@ -92,8 +91,9 @@ def on_demand_price(instance_type: str, region: str, session, *, today: date | N
         raise PriceUnavailable(f"AWS's Price List API could not be reached ({err})") from None
     found: dict[float, date] = {}
     for product in products:
-        usage_type = product.get("product", {}).get("attributes", {}).get("usagetype", "")
-        if not (usage_type.endswith(suffix) or usage_type == suffix.lstrip("-")) or "spot" in usage_type.lower():
+        listed_usage = product.get("product", {}).get("attributes", {}).get("usagetype", "")
+        same_usage = listed_usage == usage or listed_usage.endswith(f"-{usage}")
+        if not same_usage or "spot" in listed_usage.lower():
             continue
         for term in product.get("terms", {}).get("OnDemand", {}).values():
             for dimension in term.get("priceDimensions", {}).values():
@@ -103,7 +103,7 @@ def on_demand_price(instance_type: str, region: str, session, *, today: date | N
                         term["effectiveDate"].replace("Z", "+00:00")).date()
     if not found:
         raise PriceUnavailable(f"AWS's Price List has no on-demand hourly price of {asked} "
-                               f"({service}, usage type *{suffix}); the type may not be offered there")
+                               f"({service}, usage type *-{usage}); the type may not be offered there")
     if len(found) > 1:
         listed = ", ".join(f"${usd:g}" for usd in sorted(found))
         raise PriceUnavailable(f"AWS's Price List gives {len(found)} on-demand hourly prices of "

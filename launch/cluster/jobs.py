@@ -211,13 +211,9 @@ def run_cost(env: dict[str, str], name: str) -> str | None:
     node_seconds = sum(j["nodes"] * (datetime.fromisoformat(j["end"]) - datetime.fromisoformat(j["start"]))
                        .total_seconds() for j in attempts)
     nodes = attempts[-1]["nodes"]         # the job asks for a fixed count: every attempt has it
-    instance_type = env.get("INSTANCE_TYPE", "unknown")
-    session = None
-    if cost.price_per_hour(instance_type) is None and env.get("AWS_REGION"):
-        # A type without a recorded price: AWS's Price List, with the master's role.
-        import boto3
-        session = boto3.session.Session(region_name=env["AWS_REGION"])
-    return cost.estimate(instance_type, nodes, node_seconds / nodes, session=session).line()
+    # A type without a recorded price: AWS's Price List, with the master's role, in its region.
+    return cost.estimate(env.get("INSTANCE_TYPE", "unknown"), nodes, node_seconds / nodes,
+                         price_list=bool(env.get("AWS_REGION")), region=env.get("AWS_REGION")).line()
 
 
 def wait_for(env: dict[str, str], job_id: str, *, poll_s: float = 15.0) -> str:

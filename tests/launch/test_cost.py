@@ -18,7 +18,7 @@ import pytest
 from launch import cost
 from launch.cluster import jobs
 from launch.sagemaker import launcher
-from recorded_aws import Replay
+from recorded_aws import Replay, linux_hour_query, training_hour_query
 
 
 def _no_credentials(monkeypatch, tmp_path):
@@ -27,19 +27,6 @@ def _no_credentials(monkeypatch, tmp_path):
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-credentials"))
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-
-
-def _linux_hour(instance_type: str, region: str) -> str:
-    """The GetProducts request of an EC2 Linux on-demand hour, as recorded_aws keys it."""
-    return (f"AmazonEC2 regionCode TERM_MATCH {region}, usagetype CONTAINS BoxUsage:{instance_type}, "
-            "operatingSystem TERM_MATCH Linux, tenancy TERM_MATCH Shared, preInstalledSw TERM_MATCH NA, "
-            "capacitystatus TERM_MATCH Used")
-
-
-def _training_hour(instance_type: str, region: str = "us-east-1") -> str:
-    """The GetProducts request of an on-demand SageMaker training hour, as recorded_aws keys it."""
-    return f"AmazonSageMaker regionCode TERM_MATCH {region}, usagetype CONTAINS Train:{instance_type}"
-
 
 
 def test_cluster_cost_is_nodes_times_hours_times_price():
@@ -90,7 +77,7 @@ def test_a_cluster_run_of_a_type_without_a_recorded_price_is_priced_from_the_pri
     log = jobs.slurm.layout(env).job_log
     log.parent.mkdir(parents=True)
     log.write_text(JOB_LOG)
-    query = _linux_hour("p5en.48xlarge", "us-west-2")
+    query = linux_hour_query("p5en.48xlarge", "us-west-2")
     with Replay({"GetProducts": {query: "p5en.48xlarge-us-west-2"}}).serve() as url:
         monkeypatch.setenv("AWS_ENDPOINT_URL_PRICING", url)
         assert jobs.run_cost(env, "coco-24ep").startswith(
@@ -204,8 +191,8 @@ def test_a_settings_file_that_does_not_exist_is_an_error_not_the_default_cluster
 def test_the_readme_s_sagemaker_types_are_priced_from_aws_s_price_list_dated(aws_env, monkeypatch, capsys):
     """ml.p4d.24xlarge and ml.p5.48xlarge: the Price List's on-demand training hour in the asked
     region, with its effective date. 2 x 3 h x $12.5/h = $75; 4 x 0.5 h x $40/h = $80."""
-    replay = Replay({"GetProducts": {_training_hour("ml.p4d.24xlarge"): "ml.p4d.24xlarge-training",
-                                     _training_hour("ml.p5.48xlarge", "eu-west-1"): "ml.p5.48xlarge-training"}})
+    replay = Replay({"GetProducts": {training_hour_query("ml.p4d.24xlarge"): "ml.p4d.24xlarge-training",
+                                     training_hour_query("ml.p5.48xlarge", "eu-west-1"): "ml.p5.48xlarge-training"}})
     with replay.serve() as url:
         monkeypatch.setenv("AWS_ENDPOINT_URL_PRICING", url)
         assert cost.main(["--instance-type", "ml.p4d.24xlarge", "--instances", "2", "--hours", "3", "--json"]) == 0
@@ -220,8 +207,8 @@ def test_the_readme_s_sagemaker_types_are_priced_from_aws_s_price_list_dated(aws
                               "(on-demand price in eu-west-1 from AWS's Price List, effective 2025-06-01, read ")
         # a recorded price is used as it is, without asking AWS
         assert cost.main(["--instance-type", "ml.m5.xlarge"]) == 0
-    assert [key for _, key in replay.answered] == [_training_hour("ml.p4d.24xlarge"),
-                                                   _training_hour("ml.p5.48xlarge", "eu-west-1")]
+    assert [key for _, key in replay.answered] == [training_hour_query("ml.p4d.24xlarge"),
+                                                   training_hour_query("ml.p5.48xlarge", "eu-west-1")]
 
 
 def test_a_cluster_type_without_a_recorded_price_is_read_as_a_linux_on_demand_hour(aws_env, tmp_path,
@@ -230,7 +217,7 @@ def test_a_cluster_type_without_a_recorded_price_is_read_as_a_linux_on_demand_ho
     tenancy, no preinstalled software, capacity used. Master + 1 worker, 2 h: 2 x 2 x $60/h = $240."""
     settings = tmp_path / "settings.json"
     settings.write_text(json.dumps({"instance_type": "p5en.48xlarge", "worker_count": 1}))
-    query = _linux_hour("p5en.48xlarge", "us-west-2")
+    query = linux_hour_query("p5en.48xlarge", "us-west-2")
     with Replay({"GetProducts": {query: "p5en.48xlarge-us-west-2"}}).serve() as url:
         monkeypatch.setenv("AWS_ENDPOINT_URL_PRICING", url)
         monkeypatch.setenv("AWS_REGION", "us-west-2")
@@ -250,7 +237,7 @@ def test_a_cluster_type_without_a_recorded_price_is_read_as_a_linux_on_demand_ho
     ("internal-error", "AWS's Price List API failed (HTTP 500); try again later"),
 ])
 def test_a_price_list_without_one_price_is_an_error_naming_aws_s_page(aws_env, monkeypatch, capsys, answer, said):
-    with Replay({"GetProducts": {_training_hour("ml.p5.48xlarge"): answer}}).serve() as url:
+    with Replay({"GetProducts": {training_hour_query("ml.p5.48xlarge"): answer}}).serve() as url:
         monkeypatch.setenv("AWS_ENDPOINT_URL_PRICING", url)
         assert cost.main(["--instance-type", "ml.p5.48xlarge", "--json"]) == 2
     captured = capsys.readouterr()
@@ -262,7 +249,7 @@ def test_a_price_list_without_one_price_is_an_error_naming_aws_s_page(aws_env, m
 
 def test_describe_of_a_finished_p4d_job_states_its_cost_from_the_price_list(sagemaker_env, monkeypatch):
     session = _finished_job("maskrcnn-p4d", "ml.p4d.24xlarge", 4, 7200)
-    with Replay({"GetProducts": {_training_hour("ml.p4d.24xlarge"): "ml.p4d.24xlarge-training"}}).serve() as url:
+    with Replay({"GetProducts": {training_hour_query("ml.p4d.24xlarge"): "ml.p4d.24xlarge-training"}}).serve() as url:
         monkeypatch.setenv("AWS_ENDPOINT_URL_PRICING", url)
         described = launcher.describe_job("maskrcnn-p4d", session)
     # 4 x 2 h x $12.5/h = $100

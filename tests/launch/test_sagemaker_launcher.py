@@ -12,7 +12,7 @@ from infra import outputs
 from launch.aws import LaunchError
 from launch.sagemaker import launcher
 from launch.sagemaker.launcher import JobSpec
-from recorded_aws import Replay
+from recorded_aws import Replay, training_hour_query
 from training.cloudwatch_metrics import TENSORBOARD_DIR_ENV
 from training.metrics import METRIC_DEFINITIONS
 
@@ -240,8 +240,7 @@ def test_companion_commands(sagemaker_env, capsys, monkeypatch):
     # The final status, then the finished job's cost: moto bills nothing, and SageMakerStack's
     # default type (ml.p4d.24xlarge) is priced from AWS's Price List (moto has none: a stand-in,
     # tests/launch/recorded_aws/get_products.json, whose $12.5/h is chosen, not AWS's).
-    query = "AmazonSageMaker regionCode TERM_MATCH us-east-1, usagetype CONTAINS Train:ml.p4d.24xlarge"
-    with Replay({"GetProducts": {query: "ml.p4d.24xlarge-training"}}).serve() as url:
+    with Replay({"GetProducts": {training_hour_query("ml.p4d.24xlarge"): "ml.p4d.24xlarge-training"}}).serve() as url:
         monkeypatch.setenv("AWS_ENDPOINT_URL_PRICING", url)
         assert launcher.main(["logs", name]) == 0
     last = capsys.readouterr().out.strip().splitlines()[-2:]

@@ -36,6 +36,20 @@ def _product_query(params: Mapping) -> str:
         f"{f['Field']} {f['Type']} {f['Value']}" for f in params.get("Filters", []))
 
 
+def training_hour_query(instance_type: str, region: str = "us-east-1") -> str:
+    """The GetProducts key of a SageMaker on-demand training hour (as AWS bills it: the usage type
+    <region prefix>-Train:<ml type>)."""
+    return f"AmazonSageMaker regionCode TERM_MATCH {region}, usagetype CONTAINS Train:{instance_type}"
+
+
+def linux_hour_query(instance_type: str, region: str) -> str:
+    """The GetProducts key of an EC2 on-demand hour (usage type <region prefix>-BoxUsage:<type>) of
+    Linux, shared tenancy, no preinstalled software, capacity used."""
+    return (f"AmazonEC2 regionCode TERM_MATCH {region}, usagetype CONTAINS BoxUsage:{instance_type}, "
+            "operatingSystem TERM_MATCH Linux, tenancy TERM_MATCH Shared, preInstalledSw TERM_MATCH NA, "
+            "capacitystatus TERM_MATCH Used")
+
+
 # operation -> (response file, the request parameter, or the function of the request, that picks the response)
 OPERATIONS = {
     "GetServiceQuota": ("get_service_quota.json", "QuotaCode"),
